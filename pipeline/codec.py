@@ -1,0 +1,158 @@
+"""Avro single-object encoding (the Avro spec's), with a registry by fingerprint.
+
+A record on the wire is ``C3 01`` + the 8-byte little-endian CRC-64-AVRO
+fingerprint of the writer schema's parsing canonical form + the Avro binary
+body. Readers look the writer schema up by fingerprint among every known
+version (``schemas/*.avsc`` and ``schemas/history/*.avsc``) and resolve it to
+the current schema, so records written with an older version still decode.
+
+Promises: ``decode`` either returns a dict valid for the current schema or
+raises :class:`~pipeline.errors.DecodeError`; it never reads past the buffer
+and never allocates more than a small multiple of the input's size.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import fastavro.schema
+
+from pipeline.errors import DecodeError
+
+__all__ = [
+    "MARKER",
+    "Codec",
+    "SchemaVersion",
+    "crc64_avro",
+    "dead_letter_codec",
+    "request_codec",
+    "result_codec",
+]
+
+MARKER = b"\xc3\x01"
+HEADER_LEN = len(MARKER) + 8
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+_EMPTY = 0xC15D213AA4D7A795
+
+
+@cache
+def _crc64_table() -> tuple[int, ...]:
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (_EMPTY & -(fp & 1))
+        table.append(fp)
+    return tuple(table)
+
+
+def crc64_avro(data: bytes) -> int:
+    """The Avro spec's 64-bit Rabin fingerprint (CRC-64-AVRO) of ``data``."""
+    table = _crc64_table()
+    fp = _EMPTY
+    for byte in data:
+        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
+    return fp
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One known writer schema: its parsed form and fingerprint bytes."""
+
+    name: str
+    path: Path
+    parsed: Any
+    fingerprint: bytes
+
+
+def _load_schema(path: Path) -> SchemaVersion:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    parsed = fastavro.parse_schema(raw)
+    canonical = fastavro.schema.to_parsing_canonical_form(parsed)
+    fp = crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little")
+    return SchemaVersion(name=raw["name"], path=path, parsed=parsed, fingerprint=fp)
+
+
+class Codec:
+    """Encode with the current schema of one record type; decode any known version."""
+
+    def __init__(self, current: SchemaVersion, history: list[SchemaVersion]) -> None:
+        self.current = current
+        self.by_fingerprint: dict[bytes, SchemaVersion] = {current.fingerprint: current}
+        for old in history:
+            self.by_fingerprint.setdefault(old.fingerprint, old)
+
+    @classmethod
+    def load(cls, name: str, schema_dir: Path = SCHEMA_DIR) -> Codec:
+        """The codec of record ``name`` (e.g. ``InferenceRequest``)."""
+        current = _load_schema(schema_dir / f"{name}.avsc")
+        history = [_load_schema(p) for p in sorted((schema_dir / "history").glob(f"{name}.*.avsc"))]
+        return cls(current, history)
+
+    def encode(self, record: Mapping[str, Any], schema: SchemaVersion | None = None) -> bytes:
+        """Single-object encode ``record`` with ``schema`` (default: the current one)."""
+        schema = schema or self.current
+        buf = io.BytesIO()
+        buf.write(MARKER)
+        buf.write(schema.fingerprint)
+        fastavro.schemaless_writer(buf, schema.parsed, dict(record))
+        return buf.getvalue()
+
+    def decode(self, data: bytes | bytearray | memoryview | None) -> dict[str, Any]:
+        """Decode a single-object-encoded record into the current schema's shape.
+
+        Raises DecodeError for anything else: no value, wrong marker, unknown
+        fingerprint, a truncated or corrupt body, bytes left over.
+        """
+        if data is None:
+            raise DecodeError("record has no value (tombstone)")
+        data = bytes(data)
+        if len(data) < HEADER_LEN or not data.startswith(MARKER):
+            raise DecodeError(
+                f"not Avro single-object encoding: expected marker C3 01, got {data[:2].hex() or 'nothing'}"
+            )
+        fp = data[2:HEADER_LEN]
+        writer = self.by_fingerprint.get(fp)
+        if writer is None:
+            raise DecodeError(
+                f"unknown writer schema fingerprint {fp.hex()} for {self.current.name}; "
+                "is the producer on a newer schema than this worker?"
+            )
+        body = io.BytesIO(data[HEADER_LEN:])
+        try:
+            record = fastavro.schemaless_reader(body, writer.parsed, self.current.parsed)
+        except Exception as exc:  # fastavro raises many types on corrupt input
+            raise DecodeError(f"corrupt {self.current.name} body: {type(exc).__name__}: {exc}") from exc
+        if body.tell() != len(data) - HEADER_LEN:
+            raise DecodeError(
+                f"{len(data) - HEADER_LEN - body.tell()} trailing bytes after {self.current.name}"
+            )
+        if not isinstance(record, dict):
+            raise DecodeError(f"{self.current.name} did not decode to a record")
+        return record
+
+
+@cache
+def request_codec() -> Codec:
+    """The shared codec of ``InferenceRequest``."""
+    return Codec.load("InferenceRequest")
+
+
+@cache
+def result_codec() -> Codec:
+    """The shared codec of ``InferenceResult``."""
+    return Codec.load("InferenceResult")
+
+
+@cache
+def dead_letter_codec() -> Codec:
+    """The shared codec of ``DeadLetter``."""
+    return Codec.load("DeadLetter")

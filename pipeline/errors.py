@@ -1,0 +1,86 @@
+"""The pipeline's one error tree, split by what happens next.
+
+::
+
+    PipelineError
+    ├── PermanentError          the input can never succeed: dead-letter it now
+    │   ├── DecodeError         bytes are not a record we know (stage "decode")
+    │   ├── ValidationError     a record that breaks a rule (stage "validate")
+    │   └── ExpiredError        its deadline passed before it could run (stage "expired")
+    ├── RetryableError          worth another try, with backoff, a bounded number of times
+    │   ├── InferenceError      the model raised on an input (stage "infer" once out of tries)
+    │   └── PublishError        the broker did not acknowledge a result (stage "publish")
+    └── ConfigurationError      settings or environment that cannot work; says what to do
+        └── BrokerUnavailable   no broker answers at the configured address
+
+Third-party exceptions are wrapped at the edge with ``raise ... from exc`` so
+that the stages catch only these types.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailable",
+    "ConfigurationError",
+    "DecodeError",
+    "ExpiredError",
+    "InferenceError",
+    "PermanentError",
+    "PipelineError",
+    "PublishError",
+    "RetryableError",
+    "ValidationError",
+]
+
+
+class PipelineError(Exception):
+    """Base of every error the pipeline raises on purpose."""
+
+    #: The dead-letter stage this error maps to, where it has one.
+    stage: str = "infer"
+
+
+class PermanentError(PipelineError):
+    """The input can never succeed; retrying is pointless."""
+
+
+class DecodeError(PermanentError):
+    """The bytes are not a single-object-encoded record of a known schema."""
+
+    stage = "decode"
+
+
+class ValidationError(PermanentError):
+    """The record decoded but breaks a rule (empty text, too long, ...)."""
+
+    stage = "validate"
+
+
+class ExpiredError(PermanentError):
+    """The request's deadline passed before it could be computed."""
+
+    stage = "expired"
+
+
+class RetryableError(PipelineError):
+    """A failure that may go away: retry with backoff, a bounded number of times."""
+
+
+class InferenceError(RetryableError):
+    """The model raised while computing one input."""
+
+    stage = "infer"
+
+
+class PublishError(RetryableError):
+    """The broker did not acknowledge a produced record."""
+
+    stage = "publish"
+
+
+class ConfigurationError(PipelineError):
+    """Settings or environment that cannot work; the message says what to do."""
+
+
+class BrokerUnavailable(ConfigurationError):
+    """No Kafka broker answers at the configured bootstrap address."""

@@ -1,0 +1,259 @@
+"""One frozen settings object, read once from ``PIPELINE_*`` environment variables.
+
+Each section is a frozen dataclass; a field ``FIELD`` of section ``SECTION`` is
+read from ``PIPELINE_SECTION_FIELD`` (upper case). ``Settings.from_env()`` is
+the only place in the package that reads ``os.environ``; everything else gets
+the object passed down. ``pipeline settings`` prints every variable with its
+default and help text, and the README lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from pipeline.errors import ConfigurationError
+
+__all__ = [
+    "LANES",
+    "BatchSettings",
+    "DedupeSettings",
+    "KafkaSettings",
+    "LocalKafkaSettings",
+    "ModelSettings",
+    "RetrySettings",
+    "Settings",
+    "TopicSettings",
+    "ValidationSettings",
+    "WorkerSettings",
+]
+
+#: Priority lanes, highest first.
+LANES: tuple[str, ...] = ("realtime", "standard", "bulk")
+
+PREFIX = "PIPELINE_"
+KAFKA_VERSION = "4.1.1"
+
+
+def _default_cache() -> str:
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeline")
+
+
+def _field(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSettings:
+    """How every client (worker, producer, replay, bench) reaches the brokers."""
+
+    bootstrap_servers: str = _field("127.0.0.1:9092", "Kafka bootstrap servers, host:port[,...]")
+    client_id: str = _field("inference-pipeline", "client.id sent to the brokers")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalKafkaSettings:
+    """The embedded single-node broker that ``pipeline kafka up`` runs (no Docker)."""
+
+    version: str = _field(KAFKA_VERSION, "Apache Kafka release resolved from Maven Central")
+    port: int = _field(9092, "client port of the local broker (loopback)")
+    controller_port: int = _field(0, "KRaft controller port; 0 means port + 1")
+    data_dir: str = _field(
+        str(Path(_default_cache()) / "kafka-data"), "folder for the broker's logs and pid file"
+    )
+    cache_dir: str = _field(
+        str(Path(_default_cache()) / "kafka-jars"), "folder where the broker's jars are cached"
+    )
+    heap: str = _field("512m", "JVM heap of the local broker (-Xmx)")
+    start_timeout_s: float = _field(90.0, "seconds to wait for the broker to answer")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicSettings:
+    """Topic names and layout. Lanes share one partition count (co-partitioned)."""
+
+    prefix: str = _field("", "prefix added to every topic name, e.g. 'staging.'")
+    realtime: str = _field("inference.requests.realtime", "realtime lane topic")
+    standard: str = _field("inference.requests.standard", "standard lane topic")
+    bulk: str = _field("inference.requests.bulk", "bulk lane topic")
+    results: str = _field("inference.results", "results topic")
+    dlq: str = _field("inference.dlq", "dead-letter topic")
+    partitions: int = _field(3, "partitions of every topic (lanes must match)")
+    replication: int = _field(1, "replication factor of created topics")
+    retention_ms: int = _field(7 * 24 * 3600 * 1000, "retention of request and result topics")
+    dlq_retention_ms: int = _field(30 * 24 * 3600 * 1000, "retention of the dead-letter topic")
+
+    def lane_topic(self, lane: str) -> str:
+        """The full topic name of a lane (``realtime``, ``standard`` or ``bulk``)."""
+        if lane not in LANES:
+            raise ConfigurationError(f"unknown lane {lane!r}; expected one of {', '.join(LANES)}")
+        return self.prefix + str(getattr(self, lane))
+
+    @property
+    def results_topic(self) -> str:
+        return self.prefix + self.results
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.prefix + self.dlq
+
+    def all_topics(self) -> list[str]:
+        """Every topic the pipeline uses, lanes first."""
+        return [self.lane_topic(lane) for lane in LANES] + [self.results_topic, self.dlq_topic]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSettings:
+    """Size caps on input; what breaks them is dead-lettered (stage ``validate``)."""
+
+    max_payload_bytes: int = _field(65536, "largest request value accepted, in bytes")
+    max_text_chars: int = _field(8192, "longest text accepted, in characters")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Which model runs, where, and how."""
+
+    path: str = _field("", "Hugging Face model folder; empty means the bundled all-MiniLM-L6-v2")
+    name: str = _field("", "model name reported in results; empty means derived from the path")
+    version: str = _field("1", "model version; stored results of another version are ignored")
+    task: str = _field("embed", "embed (mean-pooled, L2-normalised) or classify (label, score)")
+    device: str = _field("auto", "auto, cpu or cuda")
+    max_length: int = _field(256, "tokens per text; longer texts are truncated")
+    torch_threads: int = _field(0, "torch intra-op threads; 0 means cores - 1 (at least 1)")
+    fail_on: str = _field(
+        "", "testing aid: a regex; texts matching it make the model raise (fault injection)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSettings:
+    """The simple bounded batcher: up to ``max_size`` requests or ``max_wait_ms``."""
+
+    max_size: int = _field(16, "most requests in one model call")
+    max_wait_ms: int = _field(10, "longest wait for a batch to fill, in ms")
+    queue_size: int = _field(1024, "bound of the queue between intake and batcher")
+    max_inflight: int = _field(4096, "most requests accepted but not yet acknowledged")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrySettings:
+    """Bounded retries with exponential backoff and full jitter."""
+
+    max_attempts: int = _field(3, "tries of a failing input before it is dead-lettered")
+    backoff_base_ms: int = _field(50, "first backoff, doubled per attempt")
+    backoff_max_ms: int = _field(2000, "largest backoff")
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupeSettings:
+    """The stored-result level of dedupe (RocksDB table)."""
+
+    ttl_s: int = _field(7 * 24 * 3600, "seconds a stored result stays valid")
+    enabled: bool = _field(True, "serve repeated texts from stored results")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """The Faust worker process."""
+
+    app_id: str = _field("inference-pipeline", "Faust app id (also the consumer group)")
+    data_dir: str = _field(
+        str(Path(_default_cache()) / "worker-data"), "folder for RocksDB tables"
+    )
+    web_host: str = _field("127.0.0.1", "host the worker's web server binds to")
+    web_port: int = _field(6066, "port of the worker's web server")
+    lane_deadline_ms_realtime: int = _field(200, "default deadline of a realtime request")
+    lane_deadline_ms_standard: int = _field(2000, "default deadline of a standard request")
+    lane_deadline_ms_bulk: int = _field(60000, "default deadline of a bulk request")
+    expire_late: bool = _field(
+        False, "dead-letter (stage expired) requests whose deadline passed before inference"
+    )
+    log_payloads: bool = _field(False, "include request text in logs (off: never log payloads)")
+
+    def lane_deadline_ms(self, lane: str) -> int:
+        return int(getattr(self, f"lane_deadline_ms_{lane}"))
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "kafka": KafkaSettings,
+    "local_kafka": LocalKafkaSettings,
+    "topics": TopicSettings,
+    "validation": ValidationSettings,
+    "model": ModelSettings,
+    "batch": BatchSettings,
+    "retry": RetrySettings,
+    "dedupe": DedupeSettings,
+    "worker": WorkerSettings,
+}
+
+T = TypeVar("T")
+
+
+def _coerce(name: str, raw: str, kind: Any) -> Any:
+    if kind is bool:
+        low = raw.strip().lower()
+        if low in {"1", "true", "yes", "on"}:
+            return True
+        if low in {"0", "false", "no", "off", ""}:
+            return False
+        raise ConfigurationError(f"{name}={raw!r}: expected true or false")
+    if kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name}={raw!r}: expected a number") from None
+    return raw
+
+
+def _load(cls: type[T], section: str, env: Mapping[str, str]) -> T:
+    hints = get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        var = f"{PREFIX}{section}_{f.name}".upper()
+        if var in env:
+            values[f.name] = _coerce(var, env[var], hints[f.name])
+    return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every setting of the pipeline, one frozen section per stage."""
+
+    kafka: KafkaSettings = dataclasses.field(default_factory=KafkaSettings)
+    local_kafka: LocalKafkaSettings = dataclasses.field(default_factory=LocalKafkaSettings)
+    topics: TopicSettings = dataclasses.field(default_factory=TopicSettings)
+    validation: ValidationSettings = dataclasses.field(default_factory=ValidationSettings)
+    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    batch: BatchSettings = dataclasses.field(default_factory=BatchSettings)
+    retry: RetrySettings = dataclasses.field(default_factory=RetrySettings)
+    dedupe: DedupeSettings = dataclasses.field(default_factory=DedupeSettings)
+    worker: WorkerSettings = dataclasses.field(default_factory=WorkerSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read every section from ``env`` (default ``os.environ``); unknown
+        ``PIPELINE_*`` variables raise, so a typo never goes unnoticed."""
+        env = os.environ if env is None else env
+        known = {var for var, *_ in describe()}
+        unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown setting(s) {', '.join(unknown)}; run `pipeline settings` for the list"
+            )
+        sections = {name: _load(cls_, name, env) for name, cls_ in _SECTIONS.items()}
+        return cls(**sections)
+
+    def replace(self, **sections: Any) -> Settings:
+        """A copy with whole sections swapped, e.g. ``s.replace(kafka=...)``."""
+        return dataclasses.replace(self, **sections)
+
+
+def describe() -> Iterator[tuple[str, str, str]]:
+    """Yield ``(variable, default, help)`` for every setting, in section order."""
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield f"{PREFIX}{section}_{f.name}".upper(), repr(f.default), f.metadata["help"]
