@@ -117,7 +117,8 @@ class Codec:
         data = bytes(data)
         if len(data) < HEADER_LEN or not data.startswith(MARKER):
             raise DecodeError(
-                f"not Avro single-object encoding: expected marker C3 01, got {data[:2].hex() or 'nothing'}"
+                "not Avro single-object encoding: expected marker C3 01, "
+                f"got {data[:2].hex() or 'nothing'}"
             )
         fp = data[2:HEADER_LEN]
         writer = self.by_fingerprint.get(fp)
@@ -130,7 +131,9 @@ class Codec:
         try:
             record = fastavro.schemaless_reader(body, writer.parsed, self.current.parsed)
         except Exception as exc:  # fastavro raises many types on corrupt input
-            raise DecodeError(f"corrupt {self.current.name} body: {type(exc).__name__}: {exc}") from exc
+            raise DecodeError(
+                f"corrupt {self.current.name} body: {type(exc).__name__}: {exc}"
+            ) from exc
         if body.tell() != len(data) - HEADER_LEN:
             raise DecodeError(
                 f"{len(data) - HEADER_LEN - body.tell()} trailing bytes after {self.current.name}"

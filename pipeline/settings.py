@@ -128,6 +128,18 @@ class ModelSettings:
         "", "testing aid: a regex; texts matching it make the model raise (fault injection)"
     )
 
+    @property
+    def display_name(self) -> str:
+        """The model's name in results: ``name``, else the folder's name."""
+        if self.name:
+            return self.name
+        return Path(self.path).name if self.path else "all-MiniLM-L6-v2"
+
+    @property
+    def model_id(self) -> str:
+        """``name@version``: part of every content hash, so versions never share results."""
+        return f"{self.display_name}@{self.version}"
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
@@ -161,21 +173,25 @@ class WorkerSettings:
     """The Faust worker process."""
 
     app_id: str = _field("inference-pipeline", "Faust app id (also the consumer group)")
-    data_dir: str = _field(
-        str(Path(_default_cache()) / "worker-data"), "folder for RocksDB tables"
-    )
+    data_dir: str = _field(str(Path(_default_cache()) / "worker-data"), "folder for RocksDB tables")
     web_host: str = _field("127.0.0.1", "host the worker's web server binds to")
     web_port: int = _field(6066, "port of the worker's web server")
     lane_deadline_ms_realtime: int = _field(200, "default deadline of a realtime request")
     lane_deadline_ms_standard: int = _field(2000, "default deadline of a standard request")
     lane_deadline_ms_bulk: int = _field(60000, "default deadline of a bulk request")
-    expire_late: bool = _field(
-        False, "dead-letter (stage expired) requests whose deadline passed before inference"
+    expire_lanes: str = _field(
+        "realtime",
+        "comma-separated lanes whose requests are dead-lettered (stage expired) instead of "
+        "computed once their deadline has passed; other lanes run late",
     )
     log_payloads: bool = _field(False, "include request text in logs (off: never log payloads)")
 
     def lane_deadline_ms(self, lane: str) -> int:
         return int(getattr(self, f"lane_deadline_ms_{lane}"))
+
+    def expires(self, lane: str) -> bool:
+        """Whether a late request of ``lane`` is expired rather than computed."""
+        return lane in {x.strip() for x in self.expire_lanes.split(",")}
 
 
 _SECTIONS: dict[str, type[Any]] = {

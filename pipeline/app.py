@@ -1,0 +1,175 @@
+"""The Faust app: topics, agents, table and wiring. Run it with::
+
+    faust -A pipeline.app worker -l info
+
+This is the one place that knows the order of the stages; the stages
+themselves live in their own modules and know nothing of Faust. Values arrive
+as raw bytes and are decoded inside the agent, so no input can make Faust ack
+a record before its result or dead letter exists (DESIGN.md, delivery rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import faust
+from faust.streams import _current_event
+from mode import Service
+
+from pipeline.dedupe import StoredResults
+from pipeline.inference import InferenceEngine, load_model
+from pipeline.publish import Origin, Publisher
+from pipeline.settings import LANES, Settings
+from pipeline.worker import Incoming, Runtime, wall_ms
+
+__all__ = ["app", "create_app", "settings"]
+
+log = logging.getLogger(__name__)
+
+
+def _broker_url(bootstrap: str) -> str:
+    return ";".join(f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip())
+
+
+def create_app(settings: Settings) -> faust.App:
+    """Build the Faust app for ``settings``; nothing connects until the worker starts."""
+    s = settings
+    app = faust.App(
+        s.worker.app_id,
+        broker=_broker_url(s.kafka.bootstrap_servers),
+        broker_client_id=s.kafka.client_id,
+        store="rocksdb://",
+        datadir=s.worker.data_dir,
+        web_host=s.worker.web_host,
+        web_bind=s.worker.web_host,
+        web_port=s.worker.web_port,
+        topic_partitions=s.topics.partitions,
+        topic_replication_factor=s.topics.replication,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        # One batch must stay far below this; the model never runs on the loop.
+        broker_max_poll_interval=300.0,
+    )
+    lane_topics = {
+        lane: app.topic(
+            s.topics.lane_topic(lane),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=s.topics.partitions,
+        )
+        for lane in LANES
+    }
+    table = app.Table(
+        "dedupe",
+        key_type=bytes,  # bytes types make Faust use the raw serializer
+        value_type=bytes,
+        partitions=s.topics.partitions,
+        options={"ttl": s.dedupe.ttl_s},
+    )
+    holder = _RuntimeHolder(app, s, table)
+    app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
+    for lane, topic in lane_topics.items():
+        app.agent(topic, name=f"pipeline.lane.{lane}")(_lane_agent(lane, holder))
+    return app
+
+
+class _RuntimeHolder(Service):
+    """Loads the model and runs the batch loop for the life of the worker."""
+
+    def __init__(self, app: faust.App, settings: Settings, table: Any) -> None:
+        self.app = app
+        self.settings = settings
+        self.table = table
+        self.runtime: Runtime | None = None
+        self.engine: InferenceEngine | None = None
+        self.ready = asyncio.Event()
+        super().__init__()
+
+    async def on_start(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(None, load_model, self.settings.model)
+        self.engine = InferenceEngine(model)
+        self.engine.start()
+        # The first call pays for lazy initialisation; keep it off real requests.
+        await self.engine.run(["warm-up"])
+        publisher = Publisher(
+            self._send,
+            results_topic=self.settings.topics.results_topic,
+            dlq_topic=self.settings.topics.dlq_topic,
+            retry=self.settings.retry,
+        )
+        stored = StoredResults(
+            self.table, ttl_ms=self.settings.dedupe.ttl_s * 1000, clock_ms=wall_ms
+        )
+        self.runtime = Runtime(
+            self.settings,
+            engine=self.engine,
+            publisher=publisher,
+            ack=_ack,
+            stored=stored,
+            store_in_context=_in_event_context,
+        )
+        self.add_future(self.runtime.run())
+        self.ready.set()
+        log.info("pipeline ready: model %s on %s", self.settings.model.model_id, model.device)
+
+    async def on_stop(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self.engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.stop, 10.0)
+
+    async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
+        return await self.app.producer.send(topic, key, value, None, None, None)
+
+
+async def _ack(token: Any) -> None:
+    stream, event = token
+    await stream.ack(event)
+
+
+def _in_event_context(token: Any, fn: Callable[[], None]) -> None:
+    """Run a table write as if inside the event's stream, so the changelog
+    record goes to the event's partition (Faust reads it from a context var)."""
+    _stream, event = token
+    reset = _current_event.set(weakref.ref(event))
+    try:
+        fn()
+    finally:
+        _current_event.reset(reset)
+
+
+def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
+    async def consume(stream: Any) -> None:
+        await holder.ready.wait()
+        runtime = holder.runtime
+        assert runtime is not None
+        manual = stream.noack()
+        async for event in manual.events():
+            msg = event.message
+            incoming = Incoming(
+                lane=lane,
+                origin=Origin(
+                    topic=msg.topic,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                    timestamp_ms=int((msg.timestamp or 0) * 1000),
+                    key=msg.key,
+                    value=msg.value,
+                ),
+                token=(manual, event),
+            )
+            await runtime.submit(incoming)
+
+    consume.__name__ = f"{lane}_lane"
+    return consume
+
+
+settings = Settings.from_env()
+app = create_app(settings)

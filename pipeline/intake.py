@@ -1,0 +1,83 @@
+"""Intake: raw bytes from a lane topic to a validated :class:`Request`.
+
+Promises: :func:`parse` returns a Request or raises DecodeError (stage
+``decode``) or ValidationError (stage ``validate``); it never raises anything
+else, whatever the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.codec import request_codec
+from pipeline.dedupe import content_hash
+from pipeline.errors import DecodeError, ValidationError
+from pipeline.settings import ValidationSettings
+
+__all__ = ["Request", "parse"]
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded, validated request; ``deadline_ms`` already holds the lane default."""
+
+    request_id: str
+    text: str
+    created_at_ms: int
+    deadline_ms: int
+    lane: str
+    content_hash: str
+    source: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def parse(
+    value: bytes | None,
+    *,
+    lane: str,
+    lane_deadline_ms: int,
+    model_id: str,
+    limits: ValidationSettings,
+    received_at_ms: int,
+) -> Request:
+    """Decode and validate one lane record (see the module's promise)."""
+    if value is not None and len(value) > limits.max_payload_bytes:
+        raise ValidationError(
+            f"payload of {len(value)} bytes exceeds the cap of {limits.max_payload_bytes}"
+        )
+    try:
+        record = request_codec().decode(value)
+    except DecodeError:
+        raise
+    except Exception as exc:  # belt and braces: nothing else may escape
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
+
+    request_id = record["request_id"]
+    text = record["text"]
+    if not request_id:
+        raise ValidationError("request_id is empty")
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise ValidationError(f"request_id longer than {MAX_REQUEST_ID_CHARS} characters")
+    if not text.strip():
+        raise ValidationError("text is empty")
+    if len(text) > limits.max_text_chars:
+        raise ValidationError(
+            f"text of {len(text)} characters exceeds the cap of {limits.max_text_chars}"
+        )
+    created = int(record["created_at_ms"]) or received_at_ms
+    deadline = record["deadline_ms"]
+    default_deadline = created + lane_deadline_ms
+    # A request's own deadline may shorten the lane's default, never lengthen it.
+    deadline_ms = default_deadline if deadline is None else min(int(deadline), default_deadline)
+    return Request(
+        request_id=request_id,
+        text=text,
+        created_at_ms=created,
+        deadline_ms=deadline_ms,
+        lane=lane,
+        content_hash=content_hash(text, model_id),
+        source=record.get("source", ""),
+        metadata=dict(record.get("metadata") or {}),
+    )

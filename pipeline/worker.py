@@ -1,0 +1,335 @@
+"""The worker's core, free of Faust: intake → dedupe → batches → model → publish → ack.
+
+Every input that :meth:`Runtime.submit` accepts ends in exactly one result or
+one dead letter, and is released for commit only after that record was
+acknowledged by the broker, in offset order per partition:
+
+    publish result/dead letter → await broker ack → store dedupe entry → release offset
+
+Faust is reached only through three injected callables: the producer's send,
+the table the stored results live in, and ``ack`` for a released input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.acks import OffsetWatermark
+from pipeline.batching import Batcher
+from pipeline.codec import result_codec
+from pipeline.dedupe import SingleFlight, StoredResults
+from pipeline.errors import ExpiredError, InferenceError, PermanentError, PublishError
+from pipeline.inference import InferenceEngine, Prediction
+from pipeline.intake import Request, parse
+from pipeline.publish import Origin, Publisher, backoff_ms, dead_letter_record, result_record
+from pipeline.settings import LANES, Settings
+
+__all__ = ["Incoming", "Runtime"]
+
+log = logging.getLogger(__name__)
+
+AckFn = Callable[[Any], Awaitable[None]]
+StoreFn = Callable[[Any, Callable[[], None]], None]
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Incoming:
+    """One consumed record and the opaque token that acknowledges it."""
+
+    lane: str
+    origin: Origin
+    token: Any
+
+
+@dataclass
+class Work:
+    """A valid request on its way through batching and the model."""
+
+    incoming: Incoming
+    request: Request
+    arrived_ms: int
+    served: str = "computed"
+    attempts: int = 0
+    queue_ms: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Runtime:
+    """Runs the pipeline's stages for one worker process (see the module's promise)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine: InferenceEngine,
+        publisher: Publisher,
+        ack: AckFn,
+        stored: StoredResults | None = None,
+        store_in_context: StoreFn | None = None,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.publisher = publisher
+        self.stored = stored if settings.dedupe.enabled else None
+        self._ack = ack
+        self._store_in_context = store_in_context or (lambda token, fn: fn())
+        self._clock_ms = clock_ms
+        self.model_name = settings.model.display_name
+        self.model_version = settings.model.version
+        self.model_id = settings.model.model_id
+        self.watermark: OffsetWatermark[Any] = OffsetWatermark()
+        self.flight: SingleFlight[Work] = SingleFlight()
+        self.batcher: Batcher[Work] = Batcher(
+            max_size=settings.batch.max_size,
+            max_wait_ms=settings.batch.max_wait_ms,
+            queue_size=settings.batch.queue_size,
+            rank=lambda w: LANES.index(w.request.lane),
+        )
+        self._inflight = asyncio.Semaphore(settings.batch.max_inflight)
+        self._batch_slots = asyncio.Semaphore(2)  # one running, one tokenizing/queued
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.counters: dict[str, int] = dict.fromkeys(
+            ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
+        )
+
+    # -- intake ---------------------------------------------------------------
+
+    async def submit(self, incoming: Incoming) -> None:
+        """Accept one consumed record; waits (backpressure) while too much is in flight.
+
+        Must be called in offset order per partition, from the consuming
+        context (stored-result lookups read the partition's table there).
+        """
+        await self._inflight.acquire()
+        origin = incoming.origin
+        self.watermark.track((origin.topic, origin.partition), origin.offset, incoming.token)
+        self.counters["received"] += 1
+        now = self._clock_ms()
+        try:
+            request = parse(
+                origin.value,
+                lane=incoming.lane,
+                lane_deadline_ms=self.settings.worker.lane_deadline_ms(incoming.lane),
+                model_id=self.model_id,
+                limits=self.settings.validation,
+                received_at_ms=now,
+            )
+        except PermanentError as exc:
+            self._spawn(self._dead_letter(incoming, exc, attempts=1, request_id=None))
+            return
+        stored = self.stored.get(request.content_hash) if self.stored else None
+        if stored is not None:
+            self._spawn(self._serve_stored(incoming, request, stored))
+            return
+        await self.batcher.put(Work(incoming=incoming, request=request, arrived_ms=now))
+
+    # -- batches --------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Form batches forever; at most two are in flight at a time."""
+        while True:
+            batch = await self.batcher.next_batch()
+            await self._batch_slots.acquire()
+            task = self._spawn(self._run_batch(batch))
+            task.add_done_callback(lambda _t: self._batch_slots.release())
+
+    async def _run_batch(self, batch: list[Work]) -> None:
+        now = self._clock_ms()
+        leaders: list[Work] = []
+        in_this_batch: set[str] = set()
+        for work in batch:
+            req = work.request
+            if now > req.deadline_ms and self.settings.worker.expires(req.lane):
+                late = now - req.deadline_ms
+                error = ExpiredError(f"deadline passed {late} ms before inference ({req.lane})")
+                self._spawn(self._dead_letter(work.incoming, error, 1, req.request_id))
+                continue
+            work.queue_ms = float(now - work.arrived_ms)
+            if self.flight.join(req.content_hash, work):
+                leaders.append(work)
+                in_this_batch.add(req.content_hash)
+            else:
+                work.served = "batch" if req.content_hash in in_this_batch else "inflight"
+        if leaders:
+            await self._compute(leaders)
+
+    async def _compute(self, leaders: list[Work]) -> None:
+        for work in leaders:
+            work.attempts += 1
+        outcome = await self.engine.run([w.request.text for w in leaders])
+        stats = {
+            "inference_ms": outcome.inference_ms,
+            "batch_size": float(outcome.batch_size),
+        }
+        for work, result in zip(leaders, outcome.outcomes, strict=True):
+            work.stats = stats
+            if result.prediction is not None:
+                self._complete(work, result.prediction, None)
+            elif work.attempts >= self.settings.retry.max_attempts:
+                self._complete(work, None, result.error or InferenceError("no prediction"))
+            else:
+                self._spawn(self._retry(work))
+
+    async def _retry(self, work: Work) -> None:
+        await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)
+        await self._compute([work])
+
+    def _complete(
+        self, leader: Work, prediction: Prediction | None, error: BaseException | None
+    ) -> None:
+        """Answer every requester of the leader's hash; the first one stores the result."""
+        waiters = self.flight.finish(leader.request.content_hash)
+        for work in waiters:
+            if prediction is None:
+                assert error is not None
+                self._spawn(
+                    self._dead_letter(
+                        work.incoming, error, leader.attempts, work.request.request_id
+                    )
+                )
+            else:
+                self._spawn(self._answer(work, leader, prediction))
+
+    async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
+        record = result_record(
+            work.request,
+            prediction,
+            model_name=self.model_name,
+            model_version=self.model_version,
+            task=self.settings.model.task,
+            served=work.served,
+            completed_at_ms=self._clock_ms(),
+            queue_ms=work.queue_ms,
+            inference_ms=leader.stats.get("inference_ms", 0.0),
+            batch_size=int(leader.stats.get("batch_size", 0)),
+        )
+        key = work.request.content_hash.encode("ascii")
+        try:
+            value = await self.publisher.result(key, record)
+        except PublishError as exc:
+            await self._publish_failed(work.incoming, exc, work.request.request_id)
+            return
+        self.counters["results"] += 1
+        self.counters[work.served] += 1
+        if work is leader and self.stored is not None:
+            stored = self.stored
+            content_hash = work.request.content_hash
+            self._store_in_context(work.incoming.token, lambda: stored.put(content_hash, value))
+        await self._release(work.incoming)
+
+    async def _serve_stored(self, incoming: Incoming, request: Request, stored: bytes) -> None:
+        try:
+            record = result_codec().decode(stored)
+        except PermanentError:
+            record = None
+        if record is None or record["model_version"] != self.model_version:
+            # Unreadable or another model's: compute it afresh instead.
+            await self.batcher.put(Work(incoming, request, arrived_ms=self._clock_ms()))
+            return
+        record = {
+            **record,
+            "request_id": request.request_id,
+            "priority": request.lane,
+            "served": "stored",
+            "created_at_ms": request.created_at_ms,
+            "completed_at_ms": self._clock_ms(),
+            "queue_ms": 0.0,
+            "inference_ms": 0.0,
+            "batch_size": 0,
+            "metadata": request.metadata,
+        }
+        try:
+            await self.publisher.result(request.content_hash.encode("ascii"), record)
+        except PublishError as exc:
+            await self._publish_failed(incoming, exc, request.request_id)
+            return
+        self.counters["results"] += 1
+        self.counters["stored"] += 1
+        await self._release(incoming)
+
+    # -- failures and acks ----------------------------------------------------
+
+    async def _dead_letter(
+        self, incoming: Incoming, error: BaseException, attempts: int, request_id: str | None
+    ) -> None:
+        stage = getattr(error, "stage", "infer")
+        record = dead_letter_record(
+            incoming.origin,
+            stage=stage,
+            error=error,
+            attempts=attempts,
+            failed_at_ms=self._clock_ms(),
+            request_id=request_id,
+        )
+        try:
+            await self.publisher.dead_letter(record)
+        except PublishError as exc:
+            log.error(
+                "dead letter for %s[%d]@%d not acknowledged (%s); the input stays "
+                "uncommitted and will be redelivered after a restart",
+                incoming.origin.topic,
+                incoming.origin.partition,
+                incoming.origin.offset,
+                exc,
+            )
+            return
+        self.counters["dead_letters"] += 1
+        log.info(
+            "dead letter: %s[%d]@%d stage=%s %s",
+            incoming.origin.topic,
+            incoming.origin.partition,
+            incoming.origin.offset,
+            stage,
+            type(error).__name__,
+        )
+        await self._release(incoming)
+
+    async def _publish_failed(
+        self, incoming: Incoming, error: PublishError, request_id: str | None
+    ) -> None:
+        await self._dead_letter(incoming, error, self.settings.retry.max_attempts, request_id)
+
+    async def _release(self, incoming: Incoming) -> None:
+        origin = incoming.origin
+        self._inflight.release()
+        for token in self.watermark.done((origin.topic, origin.partition), origin.offset):
+            await self._ack(token)
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Stop tracking a revoked partition's offsets; their records get redelivered."""
+        dropped = self.watermark.forget((topic, partition))
+        if dropped:
+            log.info("partition %s[%d] revoked with %d inputs in flight", topic, partition, dropped)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("pipeline task failed", exc_info=task.exception())
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Let in-flight work finish for up to ``timeout_s``, then cancel the rest."""
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*pending, return_exceptions=True)

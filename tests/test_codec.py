@@ -1,0 +1,136 @@
+"""Avro single-object encoding: spec conformance, schema evolution, hostile bytes."""
+
+from __future__ import annotations
+
+import json
+
+import fastavro
+import fastavro.schema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.codec import (
+    MARKER,
+    SCHEMA_DIR,
+    crc64_avro,
+    dead_letter_codec,
+    request_codec,
+    result_codec,
+)
+from pipeline.errors import DecodeError
+
+REQUEST = {
+    "request_id": "r-1",
+    "text": "hello world",
+    "created_at_ms": 1_700_000_000_000,
+    "deadline_ms": None,
+    "source": "test",
+    "metadata": {"k": "v"},
+}
+
+
+def test_crc64_matches_fastavro_and_spec_vector() -> None:
+    # The Avro spec's empty fingerprint is the CRC's initial value.
+    assert crc64_avro(b"") == 0xC15D213AA4D7A795
+    canonical = fastavro.schema.to_parsing_canonical_form(
+        fastavro.parse_schema(json.loads((SCHEMA_DIR / "InferenceRequest.avsc").read_text()))
+    )
+    expected = fastavro.schema.fingerprint(canonical, "CRC-64-AVRO")
+    assert crc64_avro(canonical.encode()).to_bytes(8, "big").hex() == expected or (
+        crc64_avro(canonical.encode()).to_bytes(8, "little").hex() == expected
+    )
+
+
+def test_wire_layout_is_single_object_encoding() -> None:
+    codec = request_codec()
+    data = codec.encode(REQUEST)
+    assert data[:2] == MARKER
+    assert data[2:10] == codec.current.fingerprint
+    assert codec.current.fingerprint == crc64_avro(
+        fastavro.schema.to_parsing_canonical_form(codec.current.parsed).encode()
+    ).to_bytes(8, "little")
+
+
+def test_round_trip_each_record_type() -> None:
+    assert request_codec().decode(request_codec().encode(REQUEST)) == REQUEST
+    result = {
+        "request_id": "r", "content_hash": "ab", "model_name": "m", "model_version": "1",
+        "task": "embed", "priority": "bulk", "embedding": [0.5, -0.25], "label": None,
+        "score": None, "served": "computed", "created_at_ms": 1, "completed_at_ms": 2,
+        "queue_ms": 1.5, "inference_ms": 2.5, "batch_size": 3, "metadata": {},
+    }
+    assert result_codec().decode(result_codec().encode(result)) == result
+    letter = {
+        "original_topic": "t", "original_partition": 0, "original_offset": 7,
+        "original_timestamp_ms": 9, "key": b"k", "value": b"\x00\xff", "stage": "decode",
+        "error_class": "DecodeError", "error_message": "bad", "attempts": 1,
+        "failed_at_ms": 10, "request_id": None, "worker": "w",
+    }
+    assert dead_letter_codec().decode(dead_letter_codec().encode(letter)) == letter
+
+
+def test_older_writer_schema_still_decodes_with_defaults() -> None:
+    codec = request_codec()
+    (v1,) = [v for v in codec.by_fingerprint.values() if v.path.parent.name == "history"]
+    old = {"request_id": "r-old", "text": "t", "created_at_ms": 5, "deadline_ms": 9}
+    decoded = codec.decode(codec.encode(old, schema=v1))
+    assert decoded == {**old, "source": "", "metadata": {}}
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (None, "no value"),
+        (b"", "marker"),
+        (b"{\"text\": 1}", "marker"),
+        (MARKER + b"\x00" * 8 + b"\x02a", "unknown writer schema"),
+    ],
+)
+def test_rejects_foreign_bytes(data: bytes | None, fragment: str) -> None:
+    with pytest.raises(DecodeError, match=fragment):
+        request_codec().decode(data)
+
+
+def test_rejects_truncated_and_trailing_bytes() -> None:
+    data = request_codec().encode(REQUEST)
+    with pytest.raises(DecodeError):
+        request_codec().decode(data[:-3])
+    with pytest.raises(DecodeError, match="trailing"):
+        request_codec().decode(data + b"\x00")
+
+
+def test_rejects_invalid_utf8() -> None:
+    codec = request_codec()
+    header = MARKER + codec.current.fingerprint
+    # request_id "r" then a text of length 2 holding invalid UTF-8.
+    body = b"\x02r" + b"\x04\xff\xfe" + b"\x00\x00\x00\x00"
+    with pytest.raises(DecodeError):
+        codec.decode(header + body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=256))
+def test_any_bytes_decode_or_raise_decode_error(data: bytes) -> None:
+    codec = request_codec()
+    for candidate in (data, MARKER + codec.current.fingerprint + data):
+        try:
+            record = codec.decode(candidate)
+        except DecodeError:
+            continue
+        assert set(record) == {f["name"] for f in codec.current.parsed["fields"]}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=1 << 20, max_value=1 << 62))
+def test_huge_declared_lengths_fail_fast(length: int) -> None:
+    codec = request_codec()
+    # zig-zag varint of a huge string length, then nothing behind it
+    n = length << 1
+    varint = bytearray()
+    while n > 0x7F:
+        varint.append((n & 0x7F) | 0x80)
+        n >>= 7
+    varint.append(n)
+    with pytest.raises(DecodeError):
+        codec.decode(MARKER + codec.current.fingerprint + bytes(varint))
