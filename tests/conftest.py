@@ -1,0 +1,161 @@
+"""Shared fixtures: one real Kafka broker per test session, unique topics per test.
+
+``kafka_bootstrap`` uses ``KAFKA_BOOTSTRAP_SERVERS`` when it is set and a broker
+answers there; otherwise it starts a :class:`pipeline.kafka_local.LocalKafka`
+(the same launcher as ``pipeline kafka up``) on free loopback ports with a
+temporary data folder, and stops it when the session ends. Nothing is skipped:
+tests marked ``kafka`` always run against a real broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.kafka_local import LocalKafka
+from pipeline.settings import Settings, TopicSettings
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout)
+    except Exception:
+        return False
+    return True
+
+
+def local_kafka_for(data_dir: str, **changes: Any) -> LocalKafka:
+    """A LocalKafka on fresh free ports in ``data_dir``; the jar cache is shared."""
+    port, cport = free_ports(2)
+    local = Settings.from_env().local_kafka
+    return LocalKafka(
+        dataclasses.replace(local, port=port, controller_port=cport, data_dir=data_dir, **changes)
+    )
+
+
+@pytest.fixture(scope="session")
+def local_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | None]:
+    """The broker this session started, or None when KAFKA_BOOTSTRAP_SERVERS is used."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if external:
+        if broker_answers(external):
+            yield None
+            return
+        print(
+            f"KAFKA_BOOTSTRAP_SERVERS={external} does not answer; starting a local broker",
+            file=sys.stderr,
+        )
+    broker = local_kafka_for(str(tmp_path_factory.mktemp("kafka")))
+    broker.up()
+    try:
+        yield broker
+    finally:
+        broker.down()
+
+
+@pytest.fixture
+def make_local_kafka(tmp_path: Path) -> Iterator[Callable[[], LocalKafka]]:
+    """``make() -> LocalKafka``: extra brokers (not started) on free ports; stopped after."""
+    made: list[LocalKafka] = []
+
+    def make() -> LocalKafka:
+        broker = local_kafka_for(str(tmp_path / f"broker{len(made)}"))
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        broker.down()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(local_kafka: LocalKafka | None) -> str:
+    """Bootstrap address of a real, answering Kafka broker."""
+    if local_kafka is None:
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"].strip()
+    return local_kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+def _create(admin: AdminClient, names: list[str], partitions: int) -> None:
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names],
+        operation_timeout=30,
+    )
+    for future in futures.values():
+        future.result(timeout=60)
+
+
+def _delete(admin: AdminClient, names: list[str]) -> None:
+    """Best effort: a test that already deleted a topic must not fail here."""
+    if not names:
+        return
+    for future in admin.delete_topics(names, operation_timeout=10).values():
+        with contextlib.suppress(Exception):
+            future.result(timeout=15)
+
+
+@pytest.fixture
+def topic_factory(kafka_admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """``make(name="topic", partitions=1) -> str``: creates a uniquely named topic.
+
+    The topics are deleted (best effort) when the test ends.
+    """
+    made: list[str] = []
+
+    def make(name: str = "topic", partitions: int = 1) -> str:
+        topic = f"test.{name}.{uuid.uuid4().hex[:10]}"
+        _create(kafka_admin, [topic], partitions)
+        made.append(topic)
+        return topic
+
+    yield make
+    _delete(kafka_admin, made)
+
+
+@pytest.fixture
+def unique_topics(kafka_admin: AdminClient) -> Iterator[TopicSettings]:
+    """The pipeline's topics under a per-test prefix, created (default partitions)."""
+    topics = TopicSettings(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    _create(kafka_admin, topics.all_topics(), topics.partitions)
+    yield topics
+    _delete(kafka_admin, topics.all_topics())
+
+
+@pytest.fixture
+def settings_for(kafka_bootstrap: str) -> Callable[..., Settings]:
+    """``settings_for(topics=..., worker=...) -> Settings`` aimed at the test broker."""
+
+    def make(**sections: Any) -> Settings:
+        base = Settings.from_env().replace(**sections)
+        return base.replace(
+            kafka=dataclasses.replace(base.kafka, bootstrap_servers=kafka_bootstrap)
+        )
+
+    return make

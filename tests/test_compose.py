@@ -1,0 +1,63 @@
+"""docker-compose.yml, the Dockerfile and ops/kafka/pom.xml agree with the package."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.settings import KAFKA_VERSION
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data["services"]
+
+
+def test_kafka_image_matches_the_local_broker_version() -> None:
+    image, tag = _compose()["kafka"]["image"].split(":")
+    assert image == "apache/kafka"
+    assert tag == KAFKA_VERSION
+
+
+def test_pom_resolves_the_same_kafka_version() -> None:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    root = ET.parse(ROOT / "ops" / "kafka" / "pom.xml").getroot()
+    assert root.findtext("m:properties/m:kafka.version", namespaces=ns) == KAFKA_VERSION
+
+
+def test_kafka_is_single_node_kraft_with_a_healthcheck() -> None:
+    kafka = _compose()["kafka"]
+    env = kafka["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert str(env["KAFKA_NODE_ID"]) == "1"
+    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "test" in kafka["healthcheck"]
+
+
+def test_topics_run_once_the_broker_is_healthy() -> None:
+    topics = _compose()["topics"]
+    assert topics["command"] == ["pipeline", "topics", "create"]
+    assert topics["environment"]["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert topics["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_worker_is_the_faust_worker_after_topics() -> None:
+    worker = _compose()["worker"]
+    assert worker["command"][:5] == ["faust", "-A", "pipeline.app", "worker", "-l"]
+    assert worker["build"] == "."
+    env = worker["environment"]
+    assert env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert env["PIPELINE_WORKER_WEB_HOST"] == "0.0.0.0"
+    assert worker["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+
+
+def test_dockerfile_builds_the_package_on_python_311() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in text
+    assert "pip install --no-cache-dir -e ." in text
