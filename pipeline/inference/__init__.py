@@ -1,0 +1,41 @@
+"""Inference stage: model loading, the engine thread, device telemetry.
+
+Free of Kafka and Faust. ``load_model`` builds a :class:`Model`;
+:class:`InferenceEngine` runs it on its own thread and returns one
+:class:`Outcome` per input; :class:`DeviceTelemetry` reads the GPU.
+"""
+
+from pipeline.inference.engine import (
+    BatchOutcome,
+    EngineStats,
+    EngineStopped,
+    InferenceEngine,
+    Outcome,
+    Predictor,
+)
+from pipeline.inference.model import (
+    TASKS,
+    Encoded,
+    Model,
+    Prediction,
+    default_model_path,
+    load_model,
+)
+from pipeline.inference.telemetry import DeviceSample, DeviceTelemetry
+
+__all__ = [
+    "TASKS",
+    "BatchOutcome",
+    "DeviceSample",
+    "DeviceTelemetry",
+    "Encoded",
+    "EngineStats",
+    "EngineStopped",
+    "InferenceEngine",
+    "Model",
+    "Outcome",
+    "Prediction",
+    "Predictor",
+    "default_model_path",
+    "load_model",
+]

