@@ -15,7 +15,6 @@ Promises:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import queue
@@ -25,7 +24,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pipeline.errors import InferenceError
+from pipeline.inference._sync import BusyTracker, Slots
 from pipeline.inference.model import Encoded, Prediction
+from pipeline.inference.outcome import BatchOutcome, EngineStats, EngineStopped, Outcome
 
 __all__ = [
     "BatchOutcome",
@@ -43,59 +44,6 @@ class Predictor(Protocol):
     def tokenize(self, texts: list[str]) -> Encoded: ...
 
     def forward(self, enc: Encoded) -> list[Prediction]: ...
-
-
-class EngineStopped(InferenceError):
-    """The engine was stopped (or never started) before it could run this batch."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """The result for one input: a prediction, or the error that stopped it."""
-
-    prediction: Prediction | None = None
-    error: InferenceError | None = None
-
-    def __post_init__(self) -> None:
-        assert (self.prediction is None) != (self.error is None), "exactly one of the two"
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchOutcome:
-    """One batch's outcomes (one per input, in order) and what computing them cost.
-
-    Token counts and times add up over every model call the batch needed
-    (``model_calls`` > 1 when a failure was bisected).
-    """
-
-    outcomes: list[Outcome]
-    batch_size: int
-    n_tokens: int = 0
-    padded_tokens: int = 0
-    tokenize_ms: float = 0.0
-    inference_ms: float = 0.0
-    model_calls: int = 0
-
-    def __post_init__(self) -> None:
-        assert len(self.outcomes) == self.batch_size, "one outcome per input"
-
-    @property
-    def failures(self) -> int:
-        return sum(1 for o in self.outcomes if not o.ok)
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineStats:
-    """Counters since the engine was created."""
-
-    batches: int
-    items: int
-    failures: int
-    model_calls: int
 
 
 @dataclasses.dataclass
@@ -141,87 +89,6 @@ def _settle(
         job.loop.call_soon_threadsafe(settle)
 
 
-class _Slots:
-    """A counting semaphore that event loops await and any thread releases."""
-
-    def __init__(self, size: int) -> None:
-        self._free = size
-        self._lock = threading.Lock()
-        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]
-        self._waiters = collections.deque()
-
-    async def acquire(self) -> None:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._free > 0 and not self._waiters:
-                self._free -= 1
-                return
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((loop, fut))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            with self._lock:
-                if (loop, fut) in self._waiters:
-                    self._waiters.remove((loop, fut))
-                    raise
-            if fut.done() and not fut.cancelled():  # handed a slot, then cancelled
-                self.release()
-            raise
-
-    def release(self) -> None:
-        with self._lock:
-            if not self._waiters:
-                self._free += 1
-                return
-            loop, fut = self._waiters.popleft()
-
-        def hand_over() -> None:
-            if fut.cancelled():  # its owner gave up: pass the slot on
-                self.release()
-            elif not fut.done():
-                fut.set_result(None)
-
-        try:
-            loop.call_soon_threadsafe(hand_over)
-        except RuntimeError:  # that loop is closed
-            self.release()
-
-
-class _BusyTracker:
-    """Busy time / wall time of one thread over a sliding window."""
-
-    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
-        self._window = window_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._spans: collections.deque[tuple[float, float]] = collections.deque()
-        self._since: float | None = None
-        self._origin = clock()
-
-    def begin(self) -> None:
-        with self._lock:
-            self._since = self._clock()
-
-    def end(self) -> None:
-        with self._lock:
-            if self._since is not None:
-                self._spans.append((self._since, self._clock()))
-                self._since = None
-
-    def fraction(self) -> float:
-        with self._lock:
-            now = self._clock()
-            low = now - self._window
-            while self._spans and self._spans[0][1] <= low:
-                self._spans.popleft()
-            busy = sum(end - max(start, low) for start, end in self._spans)
-            if self._since is not None:
-                busy += now - max(self._since, low)
-            wall = min(self._window, now - self._origin)
-        return 0.0 if wall <= 0 else min(1.0, busy / wall)
-
-
 _STOP = object()
 
 
@@ -244,12 +111,12 @@ class InferenceEngine:
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
         self.model = model
-        self._slots = _Slots(queue_size)
+        self._slots = Slots(queue_size)
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._accepting = False
         self._thread: threading.Thread | None = None
-        self._busy = _BusyTracker(busy_window_s, clock)
+        self._busy = BusyTracker(busy_window_s, clock)
         self._batches = self._items = self._failures = self._calls = 0
 
     # -- lifecycle ---------------------------------------------------------
