@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
+import time
+from typing import Any, TextIO
+
 import click
 
 from pipeline.errors import PipelineError
 from pipeline.kafka_local import LocalKafka
-from pipeline.settings import Settings, describe
+from pipeline.settings import LANES, Settings, describe
 
 __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """Turns the pipeline's own errors into one clear line and exit status 2."""
+    """Turns the pipeline's own errors into one clear line and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -37,6 +43,131 @@ def settings_cmd() -> None:
     """List every PIPELINE_* variable with its default and meaning."""
     for var, default, help_ in describe():
         click.echo(f"{var}={default}\n    {help_}")
+
+
+def _with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
+    if not bootstrap:
+        return settings
+    return settings.replace(kafka=dataclasses.replace(settings.kafka, bootstrap_servers=bootstrap))
+
+
+_bootstrap_option = click.option(
+    "--bootstrap",
+    "-b",
+    default=None,
+    help="Kafka bootstrap servers (default: PIPELINE_KAFKA_BOOTSTRAP_SERVERS).",
+)
+
+
+@main.group("topics")
+def topics_group() -> None:
+    """Create the pipeline's topics."""
+
+
+@topics_group.command("create")
+@_bootstrap_option
+@click.option(
+    "--partitions",
+    type=click.IntRange(1),
+    default=None,
+    help="Partitions per topic (default: PIPELINE_TOPICS_PARTITIONS).",
+)
+@click.option(
+    "--replication",
+    type=click.IntRange(1),
+    default=None,
+    help="Replication factor (default: PIPELINE_TOPICS_REPLICATION).",
+)
+@click.pass_obj
+def topics_create(
+    settings: Settings, bootstrap: str | None, partitions: int | None, replication: int | None
+) -> None:
+    """Create the three lane topics, the results topic and the dead-letter topic.
+
+    Idempotent: existing topics are left alone (lane partition counts must match).
+    """
+    from pipeline.topics import create_topics
+
+    status = create_topics(
+        _with_bootstrap(settings, bootstrap), partitions=partitions, replication=replication
+    )
+    for name, state in status.items():
+        click.echo(f"{state:8} {name}")
+
+
+def _parse_line(line: str, default_lane: str) -> dict[str, Any]:
+    stripped = line.strip()
+    if stripped.startswith("{"):
+        obj = json.loads(stripped)
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise ValueError('a JSON line needs a "text" string')
+        deadline = obj.get("deadline_ms")
+        if deadline is None and obj.get("timeout_ms") is not None:
+            deadline = int(time.time() * 1000) + int(obj["timeout_ms"])
+        return {
+            "text": obj["text"],
+            "lane": obj.get("priority") or obj.get("lane") or default_lane,
+            "request_id": obj.get("request_id"),
+            "deadline_ms": None if deadline is None else int(deadline),
+        }
+    return {
+        "text": line.rstrip("\n"),
+        "lane": default_lane,
+        "request_id": None,
+        "deadline_ms": None,
+    }
+
+
+@main.command("produce")
+@_bootstrap_option
+@click.option(
+    "--lane",
+    "-l",
+    type=click.Choice(LANES),
+    default="standard",
+    show_default=True,
+    help="Lane for lines that do not name one.",
+)
+@click.argument("source", type=click.File("r", encoding="utf-8"), default="-")
+@click.pass_obj
+def produce(settings: Settings, bootstrap: str | None, lane: str, source: TextIO) -> None:
+    """Send texts from SOURCE (a file, or - for stdin) as inference requests.
+
+    Each line is either plain text, or a JSON object with "text" and optional
+    "priority" (realtime|standard|bulk), "request_id", "deadline_ms" (absolute
+    epoch ms) or "timeout_ms" (relative). Blank lines are skipped. Prints one
+    request_id per line sent; lines that cannot be parsed are reported and make
+    the exit status 1, after the others were sent.
+    """
+    from tqdm import tqdm
+
+    from pipeline.client import RequestProducer
+
+    bad: list[str] = []
+    sent = 0
+    with RequestProducer(_with_bootstrap(settings, bootstrap), source="pipeline produce") as p:
+        lines = tqdm(source, unit=" req", disable=None, file=sys.stderr, desc="producing")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                item = _parse_line(line, lane)
+                rid = p.send(
+                    item["text"],
+                    lane=item["lane"],
+                    request_id=item["request_id"],
+                    deadline_ms=item["deadline_ms"],
+                )
+            except (ValueError, PipelineError) as exc:
+                bad.append(f"line {number}: {exc}")
+                continue
+            sent += 1
+            click.echo(rid)
+    click.echo(f"sent {sent} requests, all acknowledged", err=True)
+    if bad:
+        for msg in bad[:10]:
+            click.echo(f"skipped {msg}", err=True)
+        raise click.ClickException(f"{len(bad)} line(s) could not be sent")
 
 
 def _local_kafka(settings: Settings, port: int | None, data_dir: str | None) -> LocalKafka:

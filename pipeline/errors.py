@@ -55,6 +55,11 @@ class ValidationError(PermanentError):
 
     stage = "validate"
 
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        #: The request's id when the record decoded far enough to have one.
+        self.request_id = request_id
+
 
 class ExpiredError(PermanentError):
     """The request's deadline passed before it could be computed."""

@@ -61,10 +61,11 @@ def parse(
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise ValidationError(f"request_id longer than {MAX_REQUEST_ID_CHARS} characters")
     if not text.strip():
-        raise ValidationError("text is empty")
+        raise ValidationError("text is empty", request_id=request_id)
     if len(text) > limits.max_text_chars:
         raise ValidationError(
-            f"text of {len(text)} characters exceeds the cap of {limits.max_text_chars}"
+            f"text of {len(text)} characters exceeds the cap of {limits.max_text_chars}",
+            request_id=request_id,
         )
     created = int(record["created_at_ms"]) or received_at_ms
     deadline = record["deadline_ms"]

@@ -126,7 +126,8 @@ class Runtime:
                 received_at_ms=now,
             )
         except PermanentError as exc:
-            self._spawn(self._dead_letter(incoming, exc, attempts=1, request_id=None))
+            rid = getattr(exc, "request_id", None)
+            self._spawn(self._dead_letter(incoming, exc, attempts=1, request_id=rid))
             return
         stored = self.stored.get(request.content_hash) if self.stored else None
         if stored is not None:

@@ -1,0 +1,100 @@
+"""Start, watch and stop real worker processes (``faust -A pipeline.app worker``).
+
+Used by the demo, the integration tests and the benchmark, so all of them
+run the same command a user runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["WorkerProcess", "free_port"]
+
+FAUST = str(Path(sys.executable).with_name("faust"))
+READY_MARKERS = ("pipeline ready", "[^Worker]: Ready")
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class WorkerProcess:
+    """One worker process with its log file; ``stop`` leaves no process behind."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_start: int = 0  # the log is appended to; this run's lines start here
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], log_path: Path) -> WorkerProcess:
+        """Start a worker with ``env``'s PIPELINE_* variables replacing the caller's."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+        full_env.update(env)
+        with open(log_path, "ab") as log:
+            start = log.tell()
+            proc = subprocess.Popen(
+                [FAUST, "-A", "pipeline.app", "worker", "-l", "info"],
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return cls(proc=proc, log_path=log_path, log_start=start)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        """What this run of the worker has logged so far."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            return f.read().decode(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 180.0) -> float:
+        """Wait until the model is loaded and Faust says Ready; return the seconds it took.
+
+        Raises RuntimeError (with the log's tail) if the worker exits or
+        TimeoutError if it is not ready in time.
+        """
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                raise RuntimeError(f"worker exited with {code}:\n{self.log()[-4000:]}")
+            text = self.log()
+            if all(marker in text for marker in READY_MARKERS):
+                return time.monotonic() - start
+            time.sleep(0.3)
+        raise TimeoutError(f"worker not ready in {timeout_s:.0f}s:\n{self.log()[-4000:]}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``; return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
