@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 import click
@@ -39,10 +40,17 @@ def main(ctx: click.Context) -> None:
 
 
 @main.command("settings")
-def settings_cmd() -> None:
+@click.option("--markdown", is_flag=True, help="Print a Markdown table (the README's).")
+def settings_cmd(markdown: bool) -> None:
     """List every PIPELINE_* variable with its default and meaning."""
+    if markdown:
+        click.echo("| variable | default | meaning |\n|---|---|---|")
     for var, default, help_ in describe():
-        click.echo(f"{var}={default}\n    {help_}")
+        if markdown:
+            shown = default.replace(str(Path.home()), "~")
+            click.echo(f"| `{var}` | `{shown}` | {help_} |")
+        else:
+            click.echo(f"{var}={default}\n    {help_}")
 
 
 def _with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
