@@ -76,6 +76,15 @@ def create_app(settings: Settings) -> faust.App:
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
     for lane, topic in lane_topics.items():
         app.agent(topic, name=f"pipeline.lane.{lane}")(_lane_agent(lane, holder))
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def _forget_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        # Faust commits the acked prefix before this; the rest is redelivered
+        # to whoever gets the partition, so stop tracking it here.
+        if holder.runtime is not None:
+            for tp in revoked:
+                holder.runtime.forget_partition(tp.topic, tp.partition)
+
     return app
 
 

@@ -90,6 +90,8 @@ class Runtime:
         self.model_id = settings.model.model_id
         self.watermark: OffsetWatermark[Any] = OffsetWatermark()
         self.flight: SingleFlight[Work] = SingleFlight()
+        # Computed results not yet durably stored: hash -> (prediction, leader).
+        self._settled: dict[str, tuple[Prediction, Work]] = {}
         self.batcher: Batcher[Work] = Batcher(
             max_size=settings.batch.max_size,
             max_wait_ms=settings.batch.max_wait_ms,
@@ -113,7 +115,14 @@ class Runtime:
         """
         await self._inflight.acquire()
         origin = incoming.origin
-        self.watermark.track((origin.topic, origin.partition), origin.offset, incoming.token)
+        tp = (origin.topic, origin.partition)
+        try:
+            self.watermark.track(tp, origin.offset, incoming.token)
+        except ValueError:
+            # The partition was rewound (a rebalance handed it back from its last
+            # commit): what was in flight for it is being delivered again.
+            self.forget_partition(*tp)
+            self.watermark.track(tp, origin.offset, incoming.token)
         self.counters["received"] += 1
         now = self._clock_ms()
         try:
@@ -157,6 +166,8 @@ class Runtime:
                 self._spawn(self._dead_letter(work.incoming, error, 1, req.request_id))
                 continue
             work.queue_ms = float(now - work.arrived_ms)
+            if self._answer_known(work):
+                continue
             if self.flight.join(req.content_hash, work):
                 leaders.append(work)
                 in_this_batch.add(req.content_hash)
@@ -164,6 +175,26 @@ class Runtime:
                 work.served = "batch" if req.content_hash in in_this_batch else "inflight"
         if leaders:
             await self._compute(leaders)
+
+    def _answer_known(self, work: Work) -> bool:
+        """Serve ``work`` from a result computed earlier, if there is one.
+
+        Queued work may have missed the stored-result lookup at intake while
+        its twin was being computed; a result stays in ``_settled`` until it is
+        durably stored, so between the two there is no gap.
+        """
+        h = work.request.content_hash
+        settled = self._settled.get(h)
+        if settled is not None:
+            prediction, leader = settled
+            work.served = "inflight"
+            self._spawn(self._answer(work, leader, prediction))
+            return True
+        stored = self.stored.get(h) if self.stored else None
+        if stored is not None:
+            self._spawn(self._serve_stored(work.incoming, work.request, stored))
+            return True
+        return False
 
     async def _compute(self, leaders: list[Work]) -> None:
         for work in leaders:
@@ -191,6 +222,8 @@ class Runtime:
     ) -> None:
         """Answer every requester of the leader's hash; the first one stores the result."""
         waiters = self.flight.finish(leader.request.content_hash)
+        if prediction is not None:
+            self._settled[leader.request.content_hash] = (prediction, leader)
         for work in waiters:
             if prediction is None:
                 assert error is not None
