@@ -15,6 +15,7 @@ A stored entry is written only after its result was acknowledged by the broker.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import struct
 import unicodedata
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = ["SingleFlight", "StoredEntry", "StoredResults", "content_hash", "normalise"]
+
+log = logging.getLogger(__name__)
 
 _SPACE = re.compile(r"\s+")
 _STORED = struct.Struct(">q")
@@ -86,7 +89,12 @@ class StoredResults:
 
     def get(self, key: str) -> bytes | None:
         """The stored encoded result for ``key``, or None when absent or expired."""
-        raw = self._table.get(key.encode("ascii"))
+        try:
+            raw = self._table.get(key.encode("ascii"))
+        except Exception as exc:  # a store that cannot read is a miss, not a crash
+            log.warning("stored-result lookup failed (%s: %s); computing instead",
+                        type(exc).__name__, exc)
+            return None
         if raw is None:
             return None
         entry = StoredEntry.decode(raw)

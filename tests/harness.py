@@ -53,7 +53,11 @@ class Deployment:
             proc.wait_ready()
             yield proc
         finally:
-            proc.stop()
+            was_running = proc.proc.poll() is None
+            code = proc.stop()
+        # A worker that needed SIGKILL, or crashed, fails the test that used it.
+        if was_running and code != 0:
+            raise AssertionError(f"worker did not stop cleanly on SIGTERM (exit {code})")
 
     def answers(self, expect: int, timeout_s: float = 120.0) -> list[Answer]:
         return list(read_answers(self.settings, expect=expect, timeout_s=timeout_s))
