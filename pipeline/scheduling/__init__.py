@@ -1,0 +1,19 @@
+"""Scheduling: which requests run together, and when. Pure: no Faust, torch or asyncio.
+
+- :mod:`.lanes`: :class:`Item`, bounded EDF queues per lane, pause/resume hysteresis
+- :mod:`.budget`: length buckets, the token budget, :class:`Plan`, batch assembly
+- :mod:`.controller`: the latency model and the budget's closed loop
+- :mod:`.scheduler`: :class:`Scheduler`, the dispatch decisions (clock injected)
+
+Wiring, in short::
+
+    controller = Controller(settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime"))
+    scheduler = Scheduler(settings.scheduler, expire_lanes=..., controller=controller)
+"""
+
+from pipeline.scheduling.budget import Plan, Shapes
+from pipeline.scheduling.controller import Controller, LatencyModel
+from pipeline.scheduling.lanes import Item
+from pipeline.scheduling.scheduler import Scheduler
+
+__all__ = ["Controller", "Item", "LatencyModel", "Plan", "Scheduler", "Shapes"]

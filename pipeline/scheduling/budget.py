@@ -1,0 +1,230 @@
+"""Batches by cost: shapes, the plan handed to the engine, and how a batch is assembled.
+
+Cost is padded tokens: rows x the batch's sequence length, where every
+request is padded to one of a few sequence-length buckets (16/32/64/...),
+so one long text does not pad thirty short ones and the engine sees a few
+recurring shapes. A batch never holds more than ``max_items`` requests nor
+more padded tokens than its budget, except that one request alone always
+fits (a text longer than the budget still has to run).
+
+Assembly order, each step in earliest-deadline-first order within a lane:
+
+1. overdue requests of the lower lanes: aged past their lane's max wait, or
+   with a deadline that cannot wait for another batch. Those still within
+   their bound (``DUE``) come first and get in whatever their length; the
+   first one always gets in (so aging wins even when the budget is shrunk)
+   and anchors the batch's length; requests already past their bound
+   (``LATE``) ride along by length affinity (below). While
+   realtime work is pending they get at most ``1 - realtime_share`` of the
+   batch (items and padded tokens, counted at the sequence length realtime
+   would pad to, and always at least one realtime row);
+2. realtime, any length;
+3. overdue requests again, in the room realtime left unused;
+4. standard, then bulk, by length affinity to the batch's (or the first
+   request's) bucket: first requests in that bucket, then requests one
+   bucket away while the batch stays at most half padding. Longer or shorter
+   ones lead a batch of their own later.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pipeline.scheduling.lanes import Entry, Item, LaneQueues
+
+__all__ = ["DUE", "LATE", "ON_TIME", "Draft", "Plan", "Shapes", "assemble"]
+
+T = TypeVar("T")
+
+#: Requests one bucket away join only while the batch stays under this padding.
+MAX_AFFINITY_PADDING = 0.5
+
+#: What ``overdue`` says of a request: not overdue; overdue but already past
+#: its bound (late, no batch can save it: it rides by length affinity); overdue
+#: and still within its bound (it goes now, whatever its length).
+ON_TIME, LATE, DUE = 0, 1, 2
+
+
+class Shapes:
+    """Rounds sequence lengths and batch sizes to a few buckets."""
+
+    def __init__(self, seq_buckets: Sequence[int], max_items: int) -> None:
+        self.seq_buckets = tuple(seq_buckets)
+        sizes = [1 << i for i in range(max_items.bit_length()) if 1 << i < max_items]
+        self.batch_buckets = (*sizes, max_items)
+
+    def seq_index(self, tokens: int) -> int:
+        """Index of the smallest bucket holding ``tokens`` (the last one truncates)."""
+        return min(bisect.bisect_left(self.seq_buckets, tokens), len(self.seq_buckets) - 1)
+
+    def seq_len(self, index: int) -> int:
+        return self.seq_buckets[index]
+
+    def batch_shape(self, rows: int) -> int:
+        """The smallest batch bucket (powers of two, then ``max_items``) holding ``rows``."""
+        return self.batch_buckets[
+            min(bisect.bisect_left(self.batch_buckets, rows), len(self.batch_buckets) - 1)
+        ]
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    """What to do now: run ``items`` as one batch; dead-letter ``expired`` (never run them).
+
+    ``items`` is ordered by lane, then deadline (EDF). ``seq_len`` is the
+    bucketed sequence length to pad to and ``batch_shape`` the bucketed row
+    count (an engine reusing memory pads rows up to it; the budget counts the
+    real rows). ``padded_tokens`` is ``len(items) x seq_len``, ``real_tokens``
+    the tokens the requests really have, ``budget`` the budget this batch was
+    cut to, ``predicted_ms`` its expected run time. ``reason`` says why it was
+    dispatched now: ``deadline``, ``aged``, ``full``, ``window``, or
+    ``expired`` when the plan only carries expired requests (``items`` empty).
+    """
+
+    items: list[Item[T]]
+    expired: list[Item[T]]
+    seq_len: int
+    batch_shape: int
+    real_tokens: int
+    padded_tokens: int
+    budget: int
+    reason: str
+    predicted_ms: float = 0.0
+
+    @property
+    def padding_ratio(self) -> float:
+        """Share of the computed positions that are padding, in [0, 1)."""
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+class Draft(Generic[T]):
+    """A batch being assembled under a token budget and an item cap."""
+
+    def __init__(self, shapes: Shapes, *, budget: int, max_items: int) -> None:
+        self.shapes = shapes
+        self.budget = budget
+        self.max_items = max_items
+        self.entries: list[Entry[T]] = []
+        self.index = -1  # bucket index of the longest entry
+        self.real = 0
+        self._taken: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, entry: Entry[T]) -> bool:
+        return id(entry) in self._taken
+
+    @property
+    def seq_len(self) -> int:
+        return self.shapes.seq_len(self.index) if self.entries else 0
+
+    @property
+    def padded(self) -> int:
+        return len(self.entries) * self.seq_len
+
+    def real_tokens(self, entry: Entry[T]) -> int:
+        return min(entry.item.tokens, self.shapes.seq_len(entry.bucket))
+
+    def cost_with(self, entry: Entry[T]) -> tuple[int, int]:
+        """(padded, real) tokens of the batch if ``entry`` joined."""
+        seq = self.shapes.seq_len(max(self.index, entry.bucket))
+        return (len(self.entries) + 1) * seq, self.real + self.real_tokens(entry)
+
+    def fits(self, entry: Entry[T], *, budget: int | None = None, items: int | None = None) -> bool:
+        """Whether ``entry`` may join within the caps (an empty batch takes anything)."""
+        if entry in self:
+            return False
+        if not self.entries:
+            return True
+        padded, _ = self.cost_with(entry)
+        cap_items = self.max_items if items is None else items
+        cap_tokens = self.budget if budget is None else budget
+        return len(self.entries) < cap_items and padded <= cap_tokens
+
+    def add(self, entry: Entry[T]) -> None:
+        self.entries.append(entry)
+        self._taken.add(id(entry))
+        self.index = max(self.index, entry.bucket)
+        self.real += self.real_tokens(entry)
+
+    @property
+    def full(self) -> bool:
+        """No room for one more request of the batch's own length."""
+        if len(self.entries) >= self.max_items:
+            return True
+        return bool(self.entries) and self.padded + self.seq_len > self.budget
+
+
+def assemble(
+    queues: LaneQueues[T],
+    shapes: Shapes,
+    *,
+    budget: int,
+    max_items: int,
+    realtime_share: float,
+    overdue: Callable[[Entry[T]], int],
+) -> Draft[T]:
+    """Assemble the batch that would run now (see the module's promise); mutates nothing."""
+    top, *others = queues.lanes
+    draft: Draft[T] = Draft(shapes, budget=budget, max_items=max_items)
+    realtime = queues.entries(top)
+    urgency = {id(e): overdue(e) for lane in others for e in queues.entries(lane)}
+    late = sorted(
+        (e for lane in others for e in queues.entries(lane) if urgency[id(e)]),
+        key=lambda e: (-urgency[id(e)], e),
+    )
+    reserve = bool(realtime) and realtime_share > 0
+    items_cap = max_items - max(1, math.ceil(realtime_share * max_items)) if reserve else max_items
+    anchor = late[0].bucket if late else -1
+
+    def joins(e: Entry[T]) -> bool:
+        return urgency[id(e)] == DUE or _affine(draft, e, anchor)
+
+    for e in late:  # 1
+        if not draft.entries:
+            draft.add(e)  # the most urgent overdue request always gets in
+        elif not reserve:
+            if not draft.full and draft.fits(e) and joins(e):
+                draft.add(e)
+        else:
+            seq = shapes.seq_len(max(draft.index, e.bucket, realtime[0].bucket))
+            tokens_cap = budget - max(int(realtime_share * budget), seq)
+            rows = len(draft) + 1
+            if rows <= items_cap and rows * seq <= tokens_cap and joins(e):
+                draft.add(e)
+    _fill(draft, realtime)  # 2
+    _fill(draft, (e for e in late if joins(e)))  # 3
+    rest = [e for lane in others for e in queues.entries(lane) if e not in draft]
+    if not rest or draft.full:
+        return draft
+    if not draft.entries:
+        draft.add(rest[0])  # the anchor: earliest deadline of the highest lane
+    anchor = draft.index
+    _fill(draft, (e for e in rest if e.bucket == anchor))  # 4a
+    _fill(draft, (e for e in rest if _affine(draft, e, anchor)))  # 4b
+    return draft
+
+
+def _affine(draft: Draft[T], entry: Entry[T], anchor: int) -> bool:
+    """Whether ``entry`` is close enough in length to ride with a batch anchored at
+    bucket ``anchor``: the same bucket, or one bucket away while the batch stays at
+    most ``MAX_AFFINITY_PADDING`` padding."""
+    if entry.bucket == anchor:
+        return True
+    if abs(entry.bucket - anchor) != 1:
+        return False
+    padded, real = draft.cost_with(entry)
+    return 1 - real / padded <= MAX_AFFINITY_PADDING
+
+
+def _fill(draft: Draft[T], entries: Iterable[Entry[T]]) -> None:
+    for e in entries:
+        if draft.full:
+            return
+        if draft.fits(e):
+            draft.add(e)

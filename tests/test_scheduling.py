@@ -1,0 +1,303 @@
+"""Scheduler and controller on a fake clock: lanes, deadlines, budget, buckets, control loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from pipeline.scheduling import Controller, Item, Plan, Scheduler
+from pipeline.settings import SchedulerSettings
+
+SLO_MS = 200  # the realtime lane's default deadline
+DEADLINE = {"realtime": 200, "standard": 2000, "bulk": 60000}
+REALTIME = frozenset({"realtime"})
+
+Run = list[tuple[int, Plan[int]]]
+
+
+def settings(**overrides: object) -> SchedulerSettings:
+    return dataclasses.replace(SchedulerSettings(), **overrides)  # type: ignore[arg-type]
+
+
+def scheduler(expire: frozenset[str] = REALTIME, **overrides: object) -> Scheduler[int]:
+    s = settings(**overrides)
+    return Scheduler(s, expire_lanes=expire, controller=Controller(s, slo_ms=SLO_MS))
+
+
+def item(
+    n: int, lane: str, *, tokens: int = 20, at: int = 0, deadline: int | None = None
+) -> Item[int]:
+    due = at + DEADLINE[lane] if deadline is None else deadline
+    return Item(payload=n, lane=lane, deadline_ms=due, arrived_ms=at, tokens=tokens)
+
+
+def cpu_ms(plan: Plan[int]) -> float:
+    """A 2-core CPU running MiniLM, roughly (DESIGN.md): 12 ms + 0.2 ms per padded token."""
+    return 12 + 0.2 * plan.padded_tokens
+
+
+def drive(
+    sched: Scheduler[int],
+    arrivals: list[Item[int]],
+    latency: Callable[[Plan[int]], float] = cpu_ms,
+    until: int | None = None,
+) -> Run:
+    """Run one engine against the scheduler on a fake clock until all work is done."""
+    arrivals = sorted(arrivals, key=lambda it: it.arrived_ms)
+    now, i, plans = 0, 0, []
+    while until is None or now < until:
+        while i < len(arrivals) and arrivals[i].arrived_ms <= now:
+            assert sched.offer(arrivals[i])
+            i += 1
+        wait = sched.wait_ms(now)
+        nxt = arrivals[i].arrived_ms if i < len(arrivals) else None
+        if wait is None:
+            if nxt is None:
+                break
+            now = nxt
+        elif wait > 0:
+            assert sched.next_batch(now) is None  # wait_ms and next_batch agree
+            now = now + wait if nxt is None else min(now + wait, nxt)
+        else:
+            plan = sched.next_batch(now)
+            assert plan is not None
+            plans.append((now, plan))
+            if plan.items:
+                ms = latency(plan)
+                now += math.ceil(ms)
+                sched.observe(plan, latency_ms=ms, utilisation=None, now_ms=now)
+    return plans
+
+
+def lanes_of(plan: Plan[int]) -> list[str]:
+    return [it.lane for it in plan.items]
+
+
+# -- lanes and reserved share -----------------------------------------------------
+
+
+def test_realtime_keeps_its_reserved_share_against_aged_bulk() -> None:
+    sched = scheduler()
+    for n in range(200):
+        sched.offer(item(n, "bulk", at=0))
+    for n in range(200, 260):
+        sched.offer(item(n, "realtime", at=5990))
+    plan = sched.next_batch(6000)  # bulk is aged (5 s), realtime floods
+    assert plan is not None and plan.reason == "aged"
+    assert len(plan.items) == 16  # 512-token budget / 32-token bucket
+    assert lanes_of(plan).count("realtime") >= 0.25 * len(plan.items)
+    assert lanes_of(plan).count("bulk") > 0
+
+
+def test_unused_reserved_room_goes_to_the_others() -> None:
+    sched = scheduler()
+    for n in range(40):
+        sched.offer(item(n, "bulk"))
+    plan = sched.next_batch(0)
+    assert plan is not None and plan.reason == "full"
+    assert lanes_of(plan) == ["bulk"] * 16
+    sched = scheduler()
+    for n in range(40):
+        sched.offer(item(n, "realtime"))
+        sched.offer(item(100 + n, "standard"))
+    plan = sched.next_batch(0)
+    assert plan is not None and lanes_of(plan) == ["realtime"] * 16
+
+
+def test_bulk_never_waits_past_its_bound_under_a_realtime_flood() -> None:
+    # 400 realtime requests/s is more than the CPU can do (~140/s at 512 tokens): without
+    # aging, bulk and standard would never run.
+    flood = [item(n, "realtime", at=n * 5 // 2) for n in range(8000)]
+    bulk = [item(10**6 + n, "bulk", at=n * 100, tokens=100) for n in range(180)]
+    standard = [item(2 * 10**6 + n, "standard", at=n * 300 + 7) for n in range(60)]
+    sched = scheduler()
+    run = drive(sched, flood + bulk + standard)
+    waits = {
+        lane: [now - it.arrived_ms for now, p in run for it in p.items if it.lane == lane]
+        for lane in ("bulk", "standard")
+    }
+    assert len(waits["bulk"]) == 180 and len(waits["standard"]) == 60
+    assert max(waits["bulk"]) <= 5000 and max(waits["standard"]) <= 1000
+    assert sched.snapshot()["expired_realtime"] > 0  # the flood really was too much
+    for now, plan in run:
+        for it in plan.items:
+            if it.lane == "realtime":
+                assert now + cpu_ms(plan) <= it.deadline_ms + 1, "predicted late, computed"
+
+
+# -- deadlines ------------------------------------------------------------------------
+
+
+def test_expired_requests_never_reach_the_model() -> None:
+    sched = scheduler(expire=frozenset({"realtime", "standard"}))
+    for n in range(10):
+        sched.offer(item(n, "realtime", at=0))
+        sched.offer(item(100 + n, "standard", at=0, deadline=30))
+        sched.offer(item(200 + n, "bulk", at=0, deadline=30))  # bulk runs late
+    plan = sched.next_batch(190)  # the engine was busy until now
+    assert plan is not None
+    assert {it.payload for it in plan.expired} == set(range(10)) | set(range(100, 110))
+    assert lanes_of(plan) and set(lanes_of(plan)) == {"bulk"}
+    assert plan.reason == "deadline"  # bulk is late: run at once
+    assert sched.snapshot()["expired_realtime"] == 10
+
+
+def test_only_expired_work_gives_an_empty_plan() -> None:
+    sched = scheduler()
+    sched.offer(item(1, "realtime", at=0))
+    assert sched.wait_ms(190) == 0  # the engine was busy until now; 190 + 18.4 ms > 200
+    plan = sched.next_batch(190)
+    assert plan is not None and plan.items == [] and plan.reason == "expired"
+    assert [it.payload for it in plan.expired] == [1]
+    assert sched.wait_ms(190) is None and len(sched) == 0
+
+
+def test_pending_realtime_shrinks_the_batch_to_its_deadline() -> None:
+    sched = scheduler()
+    for n in range(200):
+        sched.offer(item(n, "standard", at=0))
+    sched.offer(item(999, "realtime", at=0, deadline=1070))
+    plan = sched.next_batch(1000)
+    assert plan is not None and 999 in [it.payload for it in plan.items]
+    assert plan.budget < 512
+    assert 1000 + plan.predicted_ms <= 1070 - sched.settings.margin_ms
+    assert len(plan.items) == plan.budget // 32
+
+
+# -- dispatch triggers --------------------------------------------------------------
+
+
+def test_dispatch_waits_for_the_window_then_runs() -> None:
+    sched = scheduler()
+    assert sched.wait_ms(0) is None
+    sched.offer(item(1, "standard", at=100))
+    assert sched.wait_ms(100) == 10 and sched.next_batch(105) is None
+    assert sched.wait_ms(105) == 5
+    plan = sched.next_batch(110)
+    assert plan is not None and plan.reason == "window" and plan.seq_len == 32
+    assert plan.batch_shape == 1 and plan.real_tokens == 20 and plan.padded_tokens == 32
+
+
+def test_dispatch_when_full_or_when_a_deadline_needs_it() -> None:
+    sched = scheduler()
+    for n in range(15):
+        sched.offer(item(n, "standard"))
+    assert sched.wait_ms(0) == 10
+    sched.offer(item(15, "standard"))
+    assert sched.wait_ms(0) == 0
+    plan = sched.next_batch(0)
+    assert plan is not None and plan.reason == "full" and plan.batch_shape == 16
+    sched = scheduler(window_ms=1000)
+    sched.offer(item(1, "standard", at=0, deadline=200))
+    lead = sched.controller.predict_ms(512) + sched.settings.margin_ms
+    assert sched.wait_ms(0) == math.ceil(200 - lead)
+    plan = sched.next_batch(math.ceil(200 - lead))
+    assert plan is not None and plan.reason == "deadline"
+
+
+# -- controller -----------------------------------------------------------------------
+
+
+def controller(**overrides: object) -> Controller:
+    return Controller(settings(**overrides), slo_ms=SLO_MS)
+
+
+def test_controller_shrinks_after_three_slow_batches() -> None:
+    c = controller()
+    for latency in (150.0, 150.0, 50.0, 150.0, 150.0):  # a fast batch breaks the streak
+        assert (
+            c.observe(padded_tokens=512, latency_ms=latency, utilisation=0.9, saturated=True) == 512
+        )
+    assert c.observe(padded_tokens=512, latency_ms=150.0, utilisation=0.9, saturated=True) == 410
+    assert c.snapshot()["budget_shrinks"] == 1
+
+
+def test_controller_grows_at_low_utilisation_within_bounds() -> None:
+    c = controller(latency_ms_per_token=0.01, token_budget_max=1000)
+    assert c.observe(padded_tokens=512, latency_ms=17.0, utilisation=0.3, saturated=True) == 614
+    assert c.observe(padded_tokens=64, latency_ms=13.0, utilisation=0.3, saturated=False) == 614
+    assert c.observe(padded_tokens=614, latency_ms=18.0, utilisation=0.9, saturated=True) == 614
+    for _ in range(10):
+        c.observe(padded_tokens=c.budget, latency_ms=18.0, utilisation=0.3, saturated=True)
+    assert c.budget == 1000
+    c = controller(token_budget=128)
+    for _ in range(10):
+        c.observe(padded_tokens=128, latency_ms=500.0, utilisation=0.1, saturated=True)
+    assert c.budget == 128 and c.shrinks == 0
+
+
+def test_aimd_policy_adds_and_halves() -> None:
+    c = controller(policy="aimd", latency_ms_per_token=0.01)
+    assert c.observe(padded_tokens=512, latency_ms=17.0, utilisation=0.3, saturated=True) == 640
+    assert c.observe(padded_tokens=640, latency_ms=17.0, utilisation=None, saturated=True) == 768
+    assert c.observe(padded_tokens=768, latency_ms=150.0, utilisation=0.3, saturated=True) == 384
+
+
+@pytest.mark.parametrize("policy", ["seed", "aimd"])
+@pytest.mark.parametrize("prior_ms_per_token", [0.2, 0.02])
+def test_controller_settles_on_a_steady_load(policy: str, prior_ms_per_token: float) -> None:
+    c = controller(policy=policy, token_budget=128, latency_ms_per_token=prior_ms_per_token)
+    rng = random.Random(7)
+    history = []
+    for _ in range(300):
+        padded = c.budget
+        latency = (10 + 0.15 * padded) * rng.uniform(0.97, 1.03)
+        utilisation = min(1.0, padded / 3000)  # never busy enough to stop growth by itself
+        history.append(
+            c.observe(
+                padded_tokens=padded, latency_ms=latency, utilisation=utilisation, saturated=True
+            )
+        )
+    tail = history[-150:]
+    step = 1.2 if policy == "seed" else 1 / 0.5
+    print(f"\n{policy} (prior {prior_ms_per_token} ms/token): settled at {sorted(set(tail))}")
+    assert max(tail) <= min(tail) * step, "oscillates by more than one step"
+    assert 10 + 0.15 * max(tail) <= 1.03 * c.threshold_ms * 1.05
+    assert max(tail) >= 0.5 * (c.threshold_ms - 10) / 0.15, "settled far below capacity"
+
+
+# -- cost: token budget and length buckets ---------------------------------------------
+
+
+def fifo_padding(tokens: list[int], size: int) -> float:
+    """Fixed batches in arrival order, each padded to its longest text (today's batcher)."""
+    batches = [tokens[i : i + size] for i in range(0, len(tokens), size)]
+    padded = sum(len(b) * max(b) for b in batches)
+    return 1 - sum(tokens) / padded
+
+
+def mixed_lengths(n: int, seed: int = 3) -> list[int]:
+    """DESIGN.md's mixed workload: 80 % texts of 4-16 words, 20 % of 32-96 words, as tokens."""
+    rng = random.Random(seed)
+    return [rng.randint(7, 24) if rng.random() < 0.8 else rng.randint(45, 130) for _ in range(n)]
+
+
+def test_budget_and_buckets_cut_padding_on_a_mixed_queue() -> None:
+    tokens = mixed_lengths(1024)
+    before = {size: fifo_padding(tokens, size) for size in (8, 16, 32)}
+    for size, ratio in before.items():
+        print(
+            f"\nbefore: FIFO, fixed batches of {size}, padded to the longest: {ratio:.1%} padding"
+        )
+    after = {}
+    for lane in ("standard", "bulk"):  # standard: the backlog outlives its 2 s deadlines
+        for buckets in ("16,32,64,128,256", "8,16,24,32,48,64,96,128,192,256"):
+            sched = scheduler(seq_buckets=buckets, queue_size=2048)
+            run = drive(sched, [item(n, lane, tokens=t) for n, t in enumerate(tokens)])
+            assert sum(len(p.items) for _, p in run) == len(tokens)
+            plans = [p for _, p in run]
+            longest = sum(len(p.items) * max(it.tokens for it in p.items) for p in plans)
+            after[lane, buckets] = ratio = sched.snapshot()["padding_ratio"]
+            print(
+                f"after: {lane} lane, buckets {buckets}: {ratio:.1%} padding at bucketed "
+                f"shapes, {1 - sum(tokens) / longest:.1%} if padded to the longest; "
+                f"{len(plans)} batches of {len(tokens) / len(plans):.1f} on average"
+            )
+    for (_lane, buckets), ratio in after.items():
+        assert ratio < before[8] * 0.6
+        if buckets != "16,32,64,128,256":
+            assert ratio < 0.3
