@@ -23,6 +23,8 @@ __all__ = [
     "DedupeSettings",
     "KafkaSettings",
     "LocalKafkaSettings",
+    "LogSettings",
+    "MetricsSettings",
     "ModelSettings",
     "RetrySettings",
     "SchedulerSettings",
@@ -282,6 +284,42 @@ class SchedulerSettings:
         return None if value is None else int(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class MetricsSettings:
+    """The worker's Prometheus endpoint (``pipeline.metrics``)."""
+
+    enabled: bool = _field(True, "serve Prometheus metrics at http://HOST:PORT/metrics")
+    host: str = _field("127.0.0.1", "host the metrics endpoint binds to (0.0.0.0 in containers)")
+    port: int = _field(9108, "port of the metrics endpoint; 0 disables it (one per worker)")
+    sample_interval_s: float = _field(
+        5.0, "seconds between readings of gauges (queue depth, GPU, consumer lag)"
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigurationError(f"PIPELINE_METRICS_PORT={self.port}: expected 0..65535")
+        if self.sample_interval_s <= 0:
+            raise ConfigurationError("PIPELINE_METRICS_SAMPLE_INTERVAL_S must be positive")
+
+
+_LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSettings:
+    """How the worker logs (``pipeline.logs``); payload text never appears unless
+    ``PIPELINE_WORKER_LOG_PAYLOADS`` is on."""
+
+    format: str = _field("text", "text (human) or json (one object per line, for collectors)")
+    level: str = _field("", "root log level (DEBUG, INFO, ...); empty keeps the worker's -l")
+
+    def __post_init__(self) -> None:
+        if self.format not in {"text", "json"}:
+            raise ConfigurationError(f"PIPELINE_LOG_FORMAT={self.format!r}: expected text or json")
+        if self.level and self.level.upper() not in _LOG_LEVELS:
+            raise ConfigurationError(f"PIPELINE_LOG_LEVEL={self.level!r}: not a log level")
+
+
 _SECTIONS: dict[str, type[Any]] = {
     "kafka": KafkaSettings,
     "local_kafka": LocalKafkaSettings,
@@ -292,6 +330,8 @@ _SECTIONS: dict[str, type[Any]] = {
     "retry": RetrySettings,
     "dedupe": DedupeSettings,
     "worker": WorkerSettings,
+    "metrics": MetricsSettings,
+    "log": LogSettings,
     "scheduler": SchedulerSettings,
 }
 
@@ -337,6 +377,8 @@ class Settings:
     retry: RetrySettings = dataclasses.field(default_factory=RetrySettings)
     dedupe: DedupeSettings = dataclasses.field(default_factory=DedupeSettings)
     worker: WorkerSettings = dataclasses.field(default_factory=WorkerSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    log: LogSettings = dataclasses.field(default_factory=LogSettings)
     scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
 
     @classmethod

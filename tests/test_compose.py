@@ -61,3 +61,48 @@ def test_dockerfile_builds_the_package_on_python_311() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in text
     assert "pip install --no-cache-dir -e ." in text
+
+
+def test_every_pipeline_variable_in_compose_is_a_known_setting() -> None:
+    from pipeline.settings import Settings
+
+    for name, service in _compose().items():
+        env = service.get("environment") or {}
+        pipeline_env = {k: str(v) for k, v in env.items() if k.startswith("PIPELINE_")}
+        Settings.from_env(pipeline_env)  # raises on an unknown or invalid variable
+        assert name  # every service parsed
+
+
+def test_workers_serve_metrics_and_scale_without_shared_state() -> None:
+    services = _compose()
+    for name in ("worker", "worker-gpu"):
+        worker = services[name]
+        env = worker["environment"]
+        assert env["PIPELINE_METRICS_HOST"] == "0.0.0.0"
+        assert env["PIPELINE_METRICS_PORT"] == "9108"
+        assert "9108" in worker["expose"]
+        assert "ports" not in worker, "a fixed host port breaks --scale"
+        assert not any(":/" in v for v in worker.get("volumes", [])), "no shared RocksDB folder"
+        assert "9108/metrics" in " ".join(worker["healthcheck"]["test"])
+
+
+def test_gpu_worker_is_optional_and_reserves_an_nvidia_device() -> None:
+    gpu = _compose()["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert gpu["environment"]["PIPELINE_MODEL_DEVICE"] == "cuda"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+
+def test_prometheus_and_grafana_mount_ops_and_have_healthchecks() -> None:
+    services = _compose()
+    prom, grafana = services["prometheus"], services["grafana"]
+    assert "./ops/prometheus:/etc/prometheus:ro" in prom["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    assert "./ops/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    for service in (prom, grafana):
+        assert "test" in service["healthcheck"]
+        assert all(p.startswith("127.0.0.1:") for p in service["ports"])
+    assert (ROOT / "ops" / "prometheus" / "prometheus.yml").is_file()
+    assert (ROOT / "ops" / "grafana" / "provisioning" / "datasources").is_dir()

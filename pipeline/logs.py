@@ -1,0 +1,121 @@
+"""Structured logging for the worker: text or JSON lines, never payload text by default.
+
+:func:`configure_logging` is called once at start-up (after Faust has set up
+its handlers): it puts one formatter and the :class:`PayloadFilter` on every
+handler of the root logger, adding a stderr handler when there is none.
+
+Payloads reach a log record only as ``extra`` fields named in
+:data:`PAYLOAD_FIELDS` (``log.info("...", extra={"text": text})``); the filter
+replaces them with their length unless payload logging was asked for
+(``PIPELINE_WORKER_LOG_PAYLOADS``). Message strings themselves never carry a
+request's text: log ids, topics and offsets, not content.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.settings import LogSettings
+
+__all__ = ["PAYLOAD_FIELDS", "JsonFormatter", "PayloadFilter", "configure_logging"]
+
+#: ``extra`` fields that may hold request content; redacted unless allowed.
+PAYLOAD_FIELDS = frozenset({"text", "texts", "payload", "value", "key", "embedding"})
+
+TEXT_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD = frozenset(
+    vars(logging.LogRecord("n", logging.INFO, "p", 1, "m", None, None)).keys()
+) | {"message", "asctime", "taskName"}
+
+
+def _redacted(value: Any) -> str:
+    try:
+        size = len(value)
+    except TypeError:
+        return "<redacted>"
+    return f"<redacted {size}>"
+
+
+class PayloadFilter(logging.Filter):
+    """Replaces payload ``extra`` fields with ``<redacted N>``; passes every record."""
+
+    def __init__(self, allow_payloads: bool = False) -> None:
+        super().__init__()
+        self.allow_payloads = allow_payloads
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.allow_payloads:
+            for name in PAYLOAD_FIELDS.intersection(record.__dict__):
+                value = record.__dict__[name]
+                if not (isinstance(value, str) and value.startswith("<redacted")):
+                    record.__dict__[name] = _redacted(value)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``msg``, ``pid``, the ``static`` fields, every ``extra`` field, and ``exc``
+    when there is an exception. Values JSON cannot hold are written as ``repr``."""
+
+    def __init__(self, static: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.static = dict(static or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "pid": record.process,
+            **self.static,
+        }
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD and not name.startswith("_"):
+                out[name] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=repr, ensure_ascii=False)
+
+
+def configure_logging(
+    settings: LogSettings,
+    *,
+    allow_payloads: bool = False,
+    static: Mapping[str, Any] | None = None,
+    root: logging.Logger | None = None,
+) -> logging.Formatter:
+    """Install the formatter of ``settings.format`` and a :class:`PayloadFilter`
+    on every handler of ``root`` (the root logger by default); idempotent.
+
+    ``static`` fields (e.g. ``{"app": app_id}``) go into every JSON line;
+    ``host`` is always there. Returns the formatter installed.
+    """
+    root = root if root is not None else logging.getLogger()
+    if settings.level:
+        root.setLevel(settings.level.upper())
+    formatter: logging.Formatter
+    if settings.format == "json":
+        formatter = JsonFormatter({"host": socket.gethostname(), **(static or {})})
+    else:
+        formatter = logging.Formatter(TEXT_FORMAT)
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler(sys.stderr))
+    for handler in root.handlers:
+        handler.setFormatter(formatter)
+        for old in [f for f in handler.filters if isinstance(f, PayloadFilter)]:
+            handler.removeFilter(old)
+        handler.addFilter(PayloadFilter(allow_payloads))
+    return formatter

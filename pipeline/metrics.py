@@ -1,0 +1,404 @@
+"""Every metric the pipeline exports, in one place, so the dashboard and the code agree.
+
+:class:`PipelineMetrics` is the facade the runtime calls; each method records
+one event or one reading, and none of them raises for a value it did not
+expect (an unknown lane still gets counted, under its own label). Every
+family's name starts with :data:`PREFIX`; ``ops/grafana`` and
+``ops/prometheus/alerts.yml`` name only families listed in :data:`FAMILIES`
+(``tests/test_metrics.py`` checks it).
+
+:func:`start_metrics_server` serves ``/metrics`` with prometheus_client's own
+HTTP server on a daemon thread; :class:`GaugeSampler` takes the periodic
+readings (queue depths, engine busy fraction, GPU) in one call that never
+raises, for a timer in the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+
+from pipeline.errors import ConfigurationError
+from pipeline.settings import LANES, MetricsSettings
+
+__all__ = [
+    "BATCH_LATENCY_BUCKETS",
+    "FAMILIES",
+    "LATENCY_BUCKETS",
+    "PREFIX",
+    "GaugeSampler",
+    "MetricsServer",
+    "PipelineMetrics",
+    "start_metrics_server",
+]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "pipeline_"
+
+# End-to-end and queue-wait latency, seconds. 0.2 is a bucket edge so the
+# realtime SLA (200 ms) can be read exactly from `le="0.2"`.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+# One model call, seconds: from a few ms (tiny CPU batch) to seconds (huge batch).
+BATCH_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.5, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PADDING_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+SERVED = ("computed", "stored", "inflight", "batch")
+STAGES = ("decode", "validate", "infer", "expired", "publish")
+DEDUPE_LEVELS = ("batch", "inflight", "stored")
+REASONS = ("deadline", "aged", "full", "window", "expired")
+BREAKER_STATES = ("closed", "open", "half_open")
+
+# name -> (type, help). Counters are listed without `_total`, as
+# prometheus_client names them; histograms expose _bucket/_count/_sum.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "pipeline_requests_received": ("counter", "requests consumed from a lane topic"),
+    "pipeline_requests_completed": ("counter", "results published, by lane and how served"),
+    "pipeline_dead_letters": ("counter", "dead letters published, by stage and lane"),
+    "pipeline_requests_expired": ("counter", "requests dead-lettered: deadline passed first"),
+    "pipeline_deadline_missed": ("counter", "results published after their deadline"),
+    "pipeline_dedupe_hits": ("counter", "requests answered without the model, by level"),
+    "pipeline_request_latency_seconds": (
+        "histogram",
+        "request created to result published, by lane",
+    ),
+    "pipeline_queue_wait_seconds": ("histogram", "arrival to batch dispatch, by lane"),
+    "pipeline_batches": ("counter", "model batches run, by dispatch reason"),
+    "pipeline_batch_size": ("histogram", "requests per model batch"),
+    "pipeline_batch_padded_tokens": ("histogram", "padded tokens per model batch"),
+    "pipeline_batch_padding_ratio": ("histogram", "share of a batch's tokens that is padding"),
+    "pipeline_batch_latency_seconds": ("histogram", "run time of one model batch"),
+    "pipeline_tokens_real": ("counter", "real (unpadded) tokens sent to the model"),
+    "pipeline_tokens_padded": ("counter", "padded tokens sent to the model"),
+    "pipeline_queue_depth": ("gauge", "requests waiting in a lane's queue"),
+    "pipeline_inflight_requests": ("gauge", "requests accepted but not yet acknowledged"),
+    "pipeline_token_budget": ("gauge", "current padded-token budget of a batch"),
+    "pipeline_token_budget_changes": ("counter", "budget changes by the controller"),
+    "pipeline_lane_paused": ("gauge", "1 while a lane's topic is paused (backpressure)"),
+    "pipeline_device_utilisation_ratio": ("gauge", "GPU utilisation, 0..1 (NVML)"),
+    "pipeline_device_memory_used_bytes": ("gauge", "GPU memory in use"),
+    "pipeline_device_memory_total_bytes": ("gauge", "GPU memory in all"),
+    "pipeline_engine_busy_ratio": ("gauge", "share of recent time the engine thread computed"),
+    "pipeline_consumer_lag": ("gauge", "records behind the partition's end (highwater)"),
+    "pipeline_breaker_state": ("gauge", "1 for the circuit breaker's current state"),
+    "pipeline_model": ("info", "the model this worker serves"),
+}
+
+
+class PipelineMetrics:
+    """The pipeline's metrics in ``registry`` (a fresh one when omitted).
+
+    Known label values (lanes, stages, levels, ...) are created at zero up
+    front, so ``rate()`` and alerts see a series before its first event.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, process_collectors: bool = True
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        if process_collectors:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+        h = {name: help_ for name, (_kind, help_) in FAMILIES.items()}
+
+        def counter(name: str, labels: Iterable[str] = ()) -> Counter:
+            return Counter(name, h[name], list(labels), registry=r)
+
+        def gauge(name: str, labels: Iterable[str] = ()) -> Gauge:
+            return Gauge(name, h[name], list(labels), registry=r)
+
+        def histogram(name: str, buckets: Iterable[float], labels: Iterable[str] = ()) -> Histogram:
+            return Histogram(name, h[name], list(labels), registry=r, buckets=tuple(buckets))
+
+        self._received = counter("pipeline_requests_received", ["lane"])
+        self._completed = counter("pipeline_requests_completed", ["lane", "served"])
+        self._dead = counter("pipeline_dead_letters", ["stage", "lane"])
+        self._expired = counter("pipeline_requests_expired", ["lane"])
+        self._missed = counter("pipeline_deadline_missed", ["lane"])
+        self._dedupe = counter("pipeline_dedupe_hits", ["level"])
+        self._latency = histogram("pipeline_request_latency_seconds", LATENCY_BUCKETS, ["lane"])
+        self._wait = histogram("pipeline_queue_wait_seconds", LATENCY_BUCKETS, ["lane"])
+        self._batches = counter("pipeline_batches", ["reason"])
+        self._batch_size = histogram("pipeline_batch_size", BATCH_SIZE_BUCKETS)
+        self._batch_tokens = histogram("pipeline_batch_padded_tokens", TOKEN_BUCKETS)
+        self._padding = histogram("pipeline_batch_padding_ratio", PADDING_BUCKETS)
+        self._batch_latency = histogram("pipeline_batch_latency_seconds", BATCH_LATENCY_BUCKETS)
+        self._real_tokens = counter("pipeline_tokens_real")
+        self._padded_tokens = counter("pipeline_tokens_padded")
+        self._depth = gauge("pipeline_queue_depth", ["lane"])
+        self._inflight = gauge("pipeline_inflight_requests")
+        self._budget = gauge("pipeline_token_budget")
+        self._budget_changes = counter("pipeline_token_budget_changes", ["direction"])
+        self._paused = gauge("pipeline_lane_paused", ["lane"])
+        self._util = gauge("pipeline_device_utilisation_ratio")
+        self._mem_used = gauge("pipeline_device_memory_used_bytes")
+        self._mem_total = gauge("pipeline_device_memory_total_bytes")
+        self._busy = gauge("pipeline_engine_busy_ratio")
+        self._lag = gauge("pipeline_consumer_lag", ["topic", "partition"])
+        self._breaker = gauge("pipeline_breaker_state", ["state"])
+        self._model = Info("pipeline_model", h["pipeline_model"], registry=r)
+        self._lock = threading.Lock()  # guards the breaker's one-hot update
+
+        for lane in LANES:
+            for child in (self._received, self._expired, self._missed):
+                child.labels(lane=lane)
+            for served in SERVED:
+                self._completed.labels(lane=lane, served=served)
+            for stage in STAGES:
+                self._dead.labels(stage=stage, lane=lane)
+            self._latency.labels(lane=lane)
+            self._wait.labels(lane=lane)
+            self._depth.labels(lane=lane).set(0)
+            self._paused.labels(lane=lane).set(0)
+        for level in DEDUPE_LEVELS:
+            self._dedupe.labels(level=level)
+        for reason in REASONS:
+            self._batches.labels(reason=reason)
+        for direction in ("grow", "shrink"):
+            self._budget_changes.labels(direction=direction)
+
+    # -- requests ---------------------------------------------------------
+
+    def arrived(self, lane: str) -> None:
+        """One record consumed from ``lane``'s topic (valid or not)."""
+        self._received.labels(lane=lane).inc()
+
+    def completed(
+        self, lane: str, served: str, latency_s: float | None = None, *, late: bool = False
+    ) -> None:
+        """One result published (acknowledged by the broker).
+
+        ``served`` is the result's ``served`` field; a value other than
+        ``computed`` also counts as a dedupe hit at that level. ``latency_s``
+        is the request's age at publication (created to completed);
+        ``late`` says it missed its deadline (counted by :meth:`deadline_missed`).
+        """
+        self._completed.labels(lane=lane, served=served).inc()
+        if served != "computed":
+            self._dedupe.labels(level=served).inc()
+        if latency_s is not None:
+            self._latency.labels(lane=lane).observe(max(0.0, latency_s))
+        if late:
+            self.deadline_missed(lane)
+
+    def dead_letter(self, stage: str, lane: str) -> None:
+        """One dead letter published; stage ``expired`` also counts as expired."""
+        self._dead.labels(stage=stage, lane=lane).inc()
+        if stage == "expired":
+            self._expired.labels(lane=lane).inc()
+
+    def expired(self, lane: str) -> None:
+        """A request dropped because its deadline passed, when not counted by
+        :meth:`dead_letter` (``stage="expired"`` counts it already)."""
+        self._expired.labels(lane=lane).inc()
+
+    def deadline_missed(self, lane: str) -> None:
+        """A result published after its request's deadline (lanes that run late)."""
+        self._missed.labels(lane=lane).inc()
+
+    def dedupe_hit(self, level: str) -> None:
+        """A request answered without the model, when not counted by :meth:`completed`."""
+        self._dedupe.labels(level=level).inc()
+
+    def wait(self, lane: str, seconds: float) -> None:
+        """How long one request waited between arrival and its batch's dispatch."""
+        self._wait.labels(lane=lane).observe(max(0.0, seconds))
+
+    # -- batches ----------------------------------------------------------
+
+    def batch(
+        self,
+        size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        latency_s: float,
+        reason: str = "window",
+    ) -> None:
+        """One model batch finished: its requests, tokens, run time and why it was sent."""
+        self._batches.labels(reason=reason).inc()
+        self._batch_size.observe(size)
+        self._batch_latency.observe(max(0.0, latency_s))
+        if padded_tokens > 0:
+            self._batch_tokens.observe(padded_tokens)
+            self._padding.observe(max(0.0, 1.0 - real_tokens / padded_tokens))
+            self._padded_tokens.inc(padded_tokens)
+        if real_tokens > 0:
+            self._real_tokens.inc(real_tokens)
+
+    # -- gauges -----------------------------------------------------------
+
+    def queue_depth(self, lane: str, n: int) -> None:
+        self._depth.labels(lane=lane).set(n)
+
+    def inflight(self, n: int) -> None:
+        self._inflight.set(n)
+
+    def budget(self, tokens: int) -> None:
+        self._budget.set(tokens)
+
+    def budget_change(self, direction: str) -> None:
+        """The controller moved the budget: ``grow`` or ``shrink``."""
+        self._budget_changes.labels(direction=direction).inc()
+
+    def paused(self, lane: str, is_paused: bool) -> None:
+        self._paused.labels(lane=lane).set(1 if is_paused else 0)
+
+    def device(self, utilisation: float, memory_used: int, memory_total: int) -> None:
+        """One GPU reading; ``utilisation`` is 0..1 (a percentage above 1 is scaled)."""
+        self._util.set(utilisation / 100.0 if utilisation > 1.0 else utilisation)
+        self._mem_used.set(memory_used)
+        self._mem_total.set(memory_total)
+
+    def busy_fraction(self, f: float) -> None:
+        """The engine thread's busy share (``InferenceEngine.busy_fraction()``)."""
+        self._busy.set(f)
+
+    def consumer_lag(self, topic: str, partition: int, lag: int) -> None:
+        self._lag.labels(topic=topic, partition=str(partition)).set(max(0, lag))
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Drop a revoked partition's lag series (another worker reports it now)."""
+        with contextlib.suppress(KeyError):
+            self._lag.remove(topic, str(partition))
+
+    def breaker_state(self, state: str) -> None:
+        """The circuit breaker is now in ``state`` (closed, open or half_open)."""
+        with self._lock:
+            for known in {*BREAKER_STATES, state}:
+                self._breaker.labels(state=known).set(1 if known == state else 0)
+
+    def model(self, name: str, version: str, device: str, task: str) -> None:
+        """What this worker serves, as labels of ``pipeline_model_info``."""
+        self._model.info({"name": name, "version": version, "device": device, "task": task})
+
+    # -- reading ----------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (what ``/metrics`` serves)."""
+        return bytes(generate_latest(self.registry))
+
+    def value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """One sample's current value, e.g. ``value("pipeline_dead_letters_total",
+        {"stage": "infer", "lane": "bulk"})``; ``None`` when absent."""
+        result = self.registry.get_sample_value(name, dict(labels or {}))
+        return None if result is None else float(result)
+
+
+class GaugeSampler:
+    """Takes the periodic readings into ``metrics``; :meth:`sample` never raises.
+
+    Each probe is optional: ``busy`` returns the engine's busy fraction,
+    ``device`` returns an object with ``utilization_pct``, ``memory_used_bytes``
+    and ``memory_total_bytes`` (``DeviceTelemetry.sample``) or ``None`` on a
+    CPU, ``depths`` returns ``{lane: queued requests}``, ``inflight`` the
+    requests not yet acknowledged.
+    """
+
+    def __init__(
+        self,
+        metrics: PipelineMetrics,
+        *,
+        busy: Callable[[], float] | None = None,
+        device: Callable[[], Any] | None = None,
+        depths: Callable[[], Mapping[str, int]] | None = None,
+        inflight: Callable[[], int] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self._busy = busy
+        self._device = device
+        self._depths = depths
+        self._inflight = inflight
+        self.failures = 0
+
+    def sample(self) -> None:
+        m = self.metrics
+        try:
+            if self._busy is not None:
+                m.busy_fraction(self._busy())
+            if self._device is not None:
+                reading = self._device()
+                if reading is not None:
+                    m.device(
+                        float(reading.utilization_pct) / 100.0,
+                        int(reading.memory_used_bytes),
+                        int(reading.memory_total_bytes),
+                    )
+            if self._depths is not None:
+                for lane, n in self._depths().items():
+                    m.queue_depth(lane, n)
+            if self._inflight is not None:
+                m.inflight(self._inflight())
+        except Exception:
+            self.failures += 1
+            log.debug("metrics sampling failed", exc_info=True)
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; :meth:`close` stops it (idempotent)."""
+
+    host: str
+    port: int
+    _server: Any
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout_s)
+
+
+def start_metrics_server(
+    settings: MetricsSettings, metrics: PipelineMetrics
+) -> MetricsServer | None:
+    """Serve ``metrics`` at ``http://host:port/metrics`` on a daemon thread.
+
+    Returns ``None`` when ``enabled`` is false or ``port`` is 0. A port that
+    cannot be bound raises :class:`ConfigurationError` naming the setting, so
+    two workers on one host never silently share (or lose) an endpoint.
+    """
+    if not settings.enabled or settings.port == 0:
+        return None
+    try:
+        server, thread = start_http_server(
+            settings.port, addr=settings.host, registry=metrics.registry
+        )
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve metrics on {settings.host}:{settings.port} ({exc}); set "
+            "PIPELINE_METRICS_PORT to a free port, or 0 to disable the endpoint"
+        ) from exc
+    port = int(server.server_address[1])
+    log.info("metrics at http://%s:%d/metrics", settings.host, port)
+    return MetricsServer(settings.host, port, server, thread)
