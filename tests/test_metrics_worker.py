@@ -66,7 +66,8 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
     assert _total(samples, "pipeline_dedupe_hits_total") == 1
     assert _total(samples, "pipeline_dead_letters_total", stage="decode", lane="standard") == 1
     assert _total(samples, "pipeline_batch_size_count") >= 1
-    assert _total(samples, "pipeline_batch_size_sum") == len(texts)
+    # The repeat may ride in its twin's batch (served=batch) or skip batching (stored).
+    assert len(texts) <= _total(samples, "pipeline_batch_size_sum") <= len(texts) + 1
     assert _total(samples, "pipeline_batch_latency_seconds_count") >= 1
     assert ("pipeline_engine_busy_ratio", frozenset()) in samples
     assert any(n == "pipeline_queue_depth" for n, _ in samples)
