@@ -1,0 +1,517 @@
+"""Dead-letter replay: pure parts alone, then the command against a real broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from pipeline.cli import main
+from pipeline.client import RequestProducer, request_bytes
+from pipeline.codec import dead_letter_codec
+from pipeline.replay import (
+    ALREADY_SENT,
+    ATTEMPT_HEADER,
+    EXHAUSTED,
+    ID_HEADER,
+    SEND,
+    CommitTracker,
+    DeadLetter,
+    Filters,
+    ReplayOptions,
+    Start,
+    TokenBucket,
+    decide,
+    export_line,
+    format_summary,
+    parse_time,
+    plan_ranges,
+    replay,
+    summarize,
+)
+from pipeline.settings import Settings, TopicSettings
+
+# -- pure parts -------------------------------------------------------------------
+
+
+def _letter(offset: int = 0, partition: int = 0, **fields: Any) -> DeadLetter:
+    record: dict[str, Any] = {
+        "original_topic": "inference.requests.bulk",
+        "original_partition": 1,
+        "original_offset": 40 + offset,
+        "original_timestamp_ms": 1_000,
+        "key": b"k",
+        "value": b"\x00v",
+        "stage": "infer",
+        "error_class": "InferenceError",
+        "error_message": "model raised",
+        "attempts": 3,
+        "failed_at_ms": 2_000,
+        "request_id": f"r-{offset}",
+        "worker": "host:1",
+    }
+    record.update(fields)
+    return DeadLetter("inference.dlq", partition, offset, record)
+
+
+def test_parse_time_accepts_epoch_ms_and_iso() -> None:
+    assert parse_time("1700000000000") == 1_700_000_000_000
+    assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert parse_time("2023-11-14T22:13:20") == 1_700_000_000_000  # naive is UTC
+    assert parse_time("2023-11-14T23:13:20+01:00") == 1_700_000_000_000
+    with pytest.raises(ValueError, match="ISO 8601"):
+        parse_time("yesterday")
+
+
+def test_filters_select_by_every_criterion() -> None:
+    rec = _letter().record
+    assert Filters().matches(rec)
+    assert Filters(stages=frozenset({"infer", "decode"})).matches(rec)
+    assert not Filters(stages=frozenset({"decode"})).matches(rec)
+    assert Filters(error_class="Inference*").matches(rec)
+    assert not Filters(error_class="Decode*").matches(rec)
+    assert Filters(topics=frozenset({"inference.requests.bulk"})).matches(rec)
+    assert not Filters(topics=frozenset({"inference.requests.realtime"})).matches(rec)
+    assert Filters(since_ms=2_000, until_ms=2_001).matches(rec)  # since inclusive
+    assert not Filters(since_ms=2_001).matches(rec)
+    assert not Filters(until_ms=2_000).matches(rec)  # until exclusive
+    assert Filters(request_ids=frozenset({"r-0"})).matches(rec)
+    assert not Filters(request_ids=frozenset({"r-9"})).matches(rec)
+    assert not Filters(request_ids=frozenset({"r-0"})).matches({**rec, "request_id": None})
+
+
+def test_plan_ranges_end_at_high_watermarks_and_clamp_starts() -> None:
+    marks = {0: (0, 10), 1: (5, 8), 2: (3, 3)}
+    assert plan_ranges(Start(), marks) == {0: (0, 10), 1: (5, 8), 2: (3, 3)}
+    assert plan_ranges(Start("offset", 6), marks) == {0: (6, 10), 1: (6, 8), 2: (3, 3)}
+    assert plan_ranges(Start("offset", 99), marks) == {0: (10, 10), 1: (8, 8), 2: (3, 3)}
+    # time: -1 means no record that late, so nothing to read
+    assert plan_ranges(Start("time", 5), marks, {0: 4, 1: -1, 2: -1}) == {
+        0: (4, 10),
+        1: (8, 8),
+        2: (3, 3),
+    }
+    # group: nothing committed means the beginning; a committed offset below low is clamped
+    assert plan_ranges(Start("group"), marks, {0: 7, 1: -1001, 2: 1}) == {
+        0: (7, 10),
+        1: (5, 8),
+        2: (3, 3),
+    }
+
+
+def test_decide_counts_attempts_from_the_failed_records_header() -> None:
+    first = _letter(0)
+    again = _letter(1)  # the dead letter of a record that was replay attempt 2
+    prior = {again.origin: 2}
+    assert decide(first, sent={}, prior_attempts=prior, max_attempts=5) == (SEND, 1)
+    assert decide(again, sent={}, prior_attempts=prior, max_attempts=5) == (SEND, 3)
+    assert decide(again, sent={}, prior_attempts=prior, max_attempts=2) == (EXHAUSTED, 3)
+    sent = {first.replay_id: 1}
+    assert decide(first, sent=sent, prior_attempts={}, max_attempts=5) == (ALREADY_SENT, 1)
+    assert decide(first, sent=sent, prior_attempts={}, max_attempts=5, force=True) == (SEND, 1)
+    # --force never lifts the attempt bound
+    out = decide(again, sent={again.replay_id: 1}, prior_attempts=prior, max_attempts=2, force=True)
+    assert out == (EXHAUSTED, 3)
+
+
+def test_summary_counts_stage_error_class_topic() -> None:
+    letters = [_letter(0), _letter(1), _letter(2, stage="decode", error_class="DecodeError")]
+    counts = summarize(letters)
+    assert counts == {
+        ("infer", "InferenceError", "inference.requests.bulk"): 2,
+        ("decode", "DecodeError", "inference.requests.bulk"): 1,
+    }
+    table = format_summary(counts).splitlines()
+    assert table[0].split() == ["stage", "error_class", "original_topic", "count"]
+    assert table[1].split() == ["infer", "InferenceError", "inference.requests.bulk", "2"]
+    assert table[-1].split() == ["total", "3"]
+    assert format_summary(Counter()).splitlines()[-1].split() == ["total", "0"]
+
+
+def test_export_line_keeps_every_field_and_base64_bytes() -> None:
+    letter = _letter(3, partition=2, key=None)
+    row = json.loads(export_line(letter, attempts_so_far=2))
+    assert row["replay_id"] == "inference.dlq/2/3"
+    assert row["replay_attempts"] == 2
+    assert row["key"] is None
+    assert base64.b64decode(row["value"]) == b"\x00v"
+    for name in ("stage", "error_class", "error_message", "attempts", "failed_at_ms", "worker"):
+        assert row[name] == letter.record[name]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_token_bucket_holds_the_rate_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(10, clock=clock, sleep=clock.sleep)
+    assert bucket.capacity == 1
+    for _ in range(51):
+        bucket.acquire()
+    assert clock.now - 100.0 == pytest.approx(5.0)  # the first token is free
+    assert bucket.delay() == pytest.approx(0.1)
+    clock.now += 60  # idle: the bucket refills only up to its burst
+    burst = TokenBucket(100, clock=clock, sleep=clock.sleep)
+    clock.now += 60
+    taken = 0
+    while burst.delay() == 0:
+        taken += 1
+    assert taken == 10
+    with pytest.raises(ValueError):
+        TokenBucket(0)
+
+
+def test_commit_tracker_stops_at_the_first_unacknowledged_record() -> None:
+    tracker = CommitTracker({0: (0, 10), 1: (4, 6), 2: (7, 7)}, [(0, 3), (0, 5), (1, 4)])
+    assert tracker.safe() == {0: 3, 1: 4, 2: 7}
+    tracker.acked(0, 5)
+    assert tracker.safe() == {0: 3, 1: 4, 2: 7}  # 3 still in flight
+    tracker.acked(0, 3)
+    tracker.acked(1, 4)
+    assert tracker.safe() == {0: 10, 1: 6, 2: 7}
+
+
+def test_cli_rejects_bad_arguments_before_connecting() -> None:
+    runner = CliRunner()
+    cases = [
+        (["--from-offset", "3", "--from-group"], "one of --from-offset"),
+        (["--since", "yesterday"], "Invalid value for '--since'"),
+        (["--since", "2025-01-02", "--until", "2025-01-01"], "later than --since"),
+        (["--stage", "bogus"], "Invalid value for '--stage'"),
+        (["--rate", "-1"], "Invalid value for '--rate'"),
+        (["--max-attempts", "0"], "Invalid value for '--max-attempts'"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(main, ["replay-dlq", "-b", "127.0.0.1:1", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+
+
+# -- against a real broker ----------------------------------------------------------
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    return {
+        "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "PIPELINE_TOPICS_PREFIX": settings.topics.prefix,
+    }
+
+
+def _produce_dead_letters(
+    settings: Settings, count: int, original_topic: str
+) -> dict[bytes, bytes]:
+    """``count`` dead letters written straight to the dlq; returns their inputs' key: value."""
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    now = int(time.time() * 1000)
+    originals = {}
+    for i in range(count):
+        rid, value = request_bytes(f"text number {i}", request_id=f"dl-{i}")
+        record = {
+            "original_topic": original_topic,
+            "original_partition": 0,
+            "original_offset": i,
+            "original_timestamp_ms": now,
+            "key": f"key-{i}".encode(),
+            "value": value,
+            "stage": ("infer", "expired")[i % 2],
+            "error_class": ("InferenceError", "ExpiredError")[i % 2],
+            "error_message": "injected",
+            "attempts": 1,
+            "failed_at_ms": now,
+            "request_id": rid,
+            "worker": "test",
+        }
+        producer.produce(
+            settings.topics.dlq_topic, key=record["key"], value=dead_letter_codec().encode(record)
+        )
+        originals[record["key"]] = value
+    assert producer.flush(30) == 0
+    return originals
+
+
+def _read_all(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` up to its current end, with headers."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": False}
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(out) < sum(ends.values()) and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.5):
+                assert msg.error() is None, msg.error()
+                out.append(msg)
+        assert len(out) == sum(ends.values())
+        return out
+    finally:
+        consumer.close()
+
+
+def _end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends"})
+    try:
+        out = {}
+        for topic in topics:
+            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+                for _ in range(20):  # a new topic's leader may not be known yet
+                    try:
+                        out[(topic, p)] = consumer.get_watermark_offsets(
+                            TopicPartition(topic, p), 10
+                        )[1]
+                        break
+                    except KafkaException:
+                        time.sleep(0.25)
+                else:
+                    raise AssertionError(f"no end offset for {topic}/{p}")
+        return out
+    finally:
+        consumer.close()
+
+
+def _headers(msg: Any) -> dict[str, str]:
+    return {k: v.decode() for k, v in (msg.headers() or [])}
+
+
+@pytest.mark.kafka
+def test_killed_replay_run_again_sends_each_record_exactly_once(
+    unique_topics: TopicSettings, settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for(topics=unique_topics)
+    dest = unique_topics.lane_topic("bulk")
+    # The dead letters claim inputs at (dest, 0, 0..39), where the replayed records
+    # will land too: attempts must still be 1 (lineage matches bytes, not only positions).
+    originals = _produce_dead_letters(settings, 40, dest)
+    bootstrap = settings.kafka.bootstrap_servers
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env.update(_env(settings))
+    exe = str(Path(sys.executable).with_name("pipeline"))
+    with open(tmp_path / "replay.log", "wb") as log:
+        proc = subprocess.Popen(
+            [exe, "replay-dlq", "--rate", "8", "--group", "killed"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while sum(_end_offsets(bootstrap, [dest]).values()) < 15:
+                assert proc.poll() is None, (tmp_path / "replay.log").read_text()
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+    sent_before = sum(_end_offsets(bootstrap, [dest]).values())
+    assert 15 <= sent_before < 40, sent_before
+
+    result = CliRunner().invoke(main, ["replay-dlq", "--group", "killed"], env=_env(settings))
+    assert result.exit_code == 0, result.output
+    assert f"already sent {sent_before}" in result.output, result.output
+
+    replayed = _read_all(bootstrap, dest)
+    ids = Counter(_headers(m)[ID_HEADER] for m in replayed)
+    assert len(ids) == 40 and set(ids.values()) == {1}, ids
+    assert {_headers(m)[ATTEMPT_HEADER] for m in replayed} == {"1"}
+    # the original key and value bytes, untouched
+    assert {(m.key(), m.value()) for m in replayed} == set(originals.items())
+    # the group committed the whole range, only after the acknowledgements
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "killed"})
+    try:
+        dlq = unique_topics.dlq_topic
+        parts = range(unique_topics.partitions)
+        committed = consumer.committed([TopicPartition(dlq, p) for p in parts], timeout=10)
+        ends = _end_offsets(bootstrap, [dlq])
+        assert {tp.partition: tp.offset for tp in committed} == {p: ends[(dlq, p)] for p in parts}
+    finally:
+        consumer.close()
+
+    # a third run finds everything sent; --dry-run --force would send all 40 again
+    again = replay(settings, ReplayOptions(group="killed", progress=False))
+    assert again.outcomes[ALREADY_SENT] == 40 and again.acked == 0
+    forced = replay(settings, ReplayOptions(dry_run=True, force=True, progress=False))
+    assert forced.outcomes[SEND] == 40
+
+
+@pytest.mark.kafka
+def test_attempts_follow_the_header_chain_and_stop_at_max_attempts(
+    unique_topics: TopicSettings, settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for(topics=unique_topics)
+    lane = unique_topics.lane_topic("standard")
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    where: dict[str, tuple[int, int]] = {}
+
+    def record_offset(name: str) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None
+            where[name] = (msg.partition(), msg.offset())
+
+        return done
+
+    # two earlier replays as a worker would have consumed them: attempts 2 and 5
+    for name, attempt in (("second", "2"), ("fifth", "5")):
+        producer.produce(
+            lane,
+            key=name.encode(),
+            value=b"\x00bad",
+            partition=0,
+            headers=[(ID_HEADER, f"old/0/{name}"), (ATTEMPT_HEADER, attempt)],
+            on_delivery=record_offset(name),
+        )
+    assert producer.flush(30) == 0
+    now = int(time.time() * 1000)
+    for name, (partition, offset) in where.items():
+        record = {
+            "original_topic": lane,
+            "original_partition": partition,
+            "original_offset": offset,
+            "original_timestamp_ms": now,
+            "key": name.encode(),
+            "value": b"\x00bad",
+            "stage": "decode",
+            "error_class": "DecodeError",
+            "error_message": "not avro",
+            "attempts": 1,
+            "failed_at_ms": now,
+            "request_id": None,
+            "worker": "test",
+        }
+        producer.produce(unique_topics.dlq_topic, value=dead_letter_codec().encode(record))
+    assert producer.flush(30) == 0
+
+    export = tmp_path / "selected.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(main, ["replay-dlq", "--export", str(export)], env=_env(settings))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in export.read_text().splitlines()]
+    assert sorted(r["replay_attempts"] for r in rows) == [2, 5]
+    assert sum(_end_offsets(settings.kafka.bootstrap_servers, [lane]).values()) == 2
+
+    result = runner.invoke(main, ["replay-dlq", "--max-attempts", "5"], env=_env(settings))
+    assert result.exit_code == 0, result.output
+    assert "over max attempts 1" in result.output and "replayed 1" in result.output
+    replayed = [
+        m
+        for m in _read_all(settings.kafka.bootstrap_servers, lane)
+        if not _headers(m)[ID_HEADER].startswith("old/")
+    ]
+    assert len(replayed) == 1
+    assert replayed[0].key() == b"second"
+    assert _headers(replayed[0])[ATTEMPT_HEADER] == "3"
+
+
+@pytest.mark.kafka
+def test_missing_topics_and_unreachable_broker_fail_clearly(
+    unique_topics: TopicSettings, settings_for: Callable[..., Settings]
+) -> None:
+    settings = settings_for(topics=unique_topics)
+    runner = CliRunner()
+    env = _env(settings)
+    result = runner.invoke(main, ["replay-dlq", "--dlq", "no.such.dlq"], env=env)
+    assert result.exit_code == 1
+    assert "ConfigurationError: dead-letter topic 'no.such.dlq' does not exist" in result.output
+    result = runner.invoke(main, ["replay-dlq", "--to", "no.such.topic"], env=env)
+    assert result.exit_code == 1
+    assert "topic 'no.such.topic' does not exist" in result.output
+    # a dead letter whose original topic was deleted: dry-run reports it, a replay refuses
+    _produce_dead_letters(settings, 1, "gone.topic")
+    result = runner.invoke(main, ["replay-dlq", "--dry-run"], env=env)
+    assert result.exit_code == 0 and "missing original topic(s): gone.topic" in result.output
+    result = runner.invoke(main, ["replay-dlq"], env=env)
+    assert result.exit_code == 1 and "gone.topic do not exist" in result.output
+
+    started = time.monotonic()
+    result = runner.invoke(
+        main, ["replay-dlq", "-b", "127.0.0.1:1", "--connect-timeout", "2"], env=env
+    )
+    assert time.monotonic() - started < 15
+    assert result.exit_code == 1
+    assert "BrokerUnavailable: no broker answered at 127.0.0.1:1" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_real_dead_letters_dry_run_then_replay_after_the_fix(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    from harness import Deployment
+
+    dep = Deployment.create(
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
+        PIPELINE_MODEL_FAIL_ON="poison",
+    )
+    with dep.worker(), RequestProducer(dep.settings) as producer:
+        for i in range(3):
+            producer.send(f"healthy text {i}", lane="bulk", request_id=f"ok-{i}")
+        producer.send("poison number one", lane="bulk", request_id="bad-1")
+        producer.send("poison number two", lane="standard", request_id="bad-2")
+        producer.send_raw("standard", b"k", b"\x00garbage")
+        _, empty = request_bytes("   ", request_id="empty-1")
+        producer.send_raw("realtime", b"k", empty)
+        producer.flush()
+        answers = dep.answers(expect=7)
+    letters = [a for a in answers if a.kind == "dead_letter"]
+    assert len(letters) == 4
+    made = Counter(
+        (a.record["stage"], a.record["error_class"], a.record["original_topic"]) for a in letters
+    )
+    topics = dep.settings.topics
+    watched = [
+        *(topics.lane_topic(x) for x in ("realtime", "standard", "bulk")),
+        topics.results_topic,
+        topics.dlq_topic,
+    ]
+    before = _end_offsets(kafka_bootstrap, watched)
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["replay-dlq", "--dry-run"], env=dep.env)
+    assert result.exit_code == 0, result.output
+    assert format_summary(made) in result.stdout
+    assert "would replay 4" in result.stdout
+    assert _end_offsets(kafka_bootstrap, watched) == before  # produced nothing
+
+    with dep.worker(PIPELINE_MODEL_FAIL_ON=""):
+        result = runner.invoke(main, ["replay-dlq", "--stage", "infer"], env=dep.env)
+        assert result.exit_code == 0, result.output
+        assert "replayed 2" in result.output
+        answers = dep.answers(expect=9)
+    fixed = {
+        a.record["request_id"]: a
+        for a in answers
+        if a.kind == "result" and a.record["request_id"] in {"bad-1", "bad-2"}
+    }
+    assert set(fixed) == {"bad-1", "bad-2"}
+    assert all(a.kind == "result" and a.record["served"] == "computed" for a in fixed.values())
+    assert fixed["bad-1"].record["priority"] == "bulk"
+    assert fixed["bad-2"].record["priority"] == "standard"
+    # the same replay again sends nothing
+    result = runner.invoke(main, ["replay-dlq", "--stage", "infer"], env=dep.env)
+    assert result.exit_code == 0 and "already sent 2" in result.output, result.output
