@@ -9,6 +9,7 @@
     │   └── ExpiredError        its deadline passed before it could run (stage "expired")
     ├── RetryableError          worth another try, with backoff, a bounded number of times
     │   ├── InferenceError      the model raised on an input (stage "infer" once out of tries)
+    │   │   └── CircuitOpenError  the model's breaker is open: it was not called (stage "infer")
     │   └── PublishError        the broker did not acknowledge a result (stage "publish")
     └── ConfigurationError      settings or environment that cannot work; says what to do
         └── BrokerUnavailable   no broker answers at the configured address
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerUnavailable",
+    "CircuitOpenError",
     "ConfigurationError",
     "DecodeError",
     "ExpiredError",
@@ -73,6 +75,13 @@ class RetryableError(PipelineError):
 
 class InferenceError(RetryableError):
     """The model raised while computing one input."""
+
+    stage = "infer"
+
+
+class CircuitOpenError(InferenceError):
+    """The model's circuit breaker is open and no fallback model is set: the
+    request is dead-lettered at once, without calling the model."""
 
     stage = "infer"
 

@@ -20,7 +20,9 @@ from pipeline.errors import ConfigurationError
 __all__ = [
     "LANES",
     "BatchSettings",
+    "BreakerSettings",
     "DedupeSettings",
+    "DegradeSettings",
     "KafkaSettings",
     "LocalKafkaSettings",
     "LogSettings",
@@ -320,6 +322,67 @@ class LogSettings:
             raise ConfigurationError(f"PIPELINE_LOG_LEVEL={self.level!r}: not a log level")
 
 
+@dataclasses.dataclass(frozen=True)
+class DegradeSettings:
+    """Load shedding when realtime misses its deadlines (``scheduling.degrade``).
+
+    Levels, one step at a time: 1 pauses the bulk lane, 2 also expires
+    standard requests early, 3 also caps the length of texts.
+    """
+
+    enabled: bool = _field(True, "shed load in steps while realtime requests miss their deadlines")
+    window_ms: int = _field(10000, "sliding window over which the realtime miss ratio is measured")
+    min_samples: int = _field(20, "realtime answers the window needs before it may escalate")
+    miss_ratio_high: float = _field(
+        0.05, "escalate one level when the window's realtime miss ratio is above this"
+    )
+    miss_ratio_low: float = _field(
+        0.01, "the window is healthy below this miss ratio (de-escalate after hold_ms of it)"
+    )
+    cooldown_ms: int = _field(5000, "least time between two level changes")
+    hold_ms: int = _field(15000, "time the window must stay healthy before each step down")
+    standard_deadline_factor: float = _field(
+        0.5, "level 2+: a standard request's deadline is shortened to this share of its budget"
+    )
+    max_text_chars: int = _field(512, "level 3: the longest text computed, in characters")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.window_ms < 1 or self.min_samples < 1:
+            problems.append("window_ms and min_samples must be at least 1")
+        if not 0.0 < self.miss_ratio_low < self.miss_ratio_high < 1.0:
+            problems.append("need 0 < miss_ratio_low < miss_ratio_high < 1")
+        if self.cooldown_ms < 0 or self.hold_ms < 0:
+            problems.append("cooldown_ms and hold_ms must not be negative")
+        if not 0.0 < self.standard_deadline_factor <= 1.0:
+            problems.append("standard_deadline_factor must be in (0, 1]")
+        if self.max_text_chars < 1:
+            problems.append("max_text_chars must be at least 1")
+        if problems:
+            raise ConfigurationError("PIPELINE_DEGRADE_*: " + "; ".join(problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakerSettings:
+    """The model's circuit breaker (``scheduling.breaker``)."""
+
+    enabled: bool = _field(True, "stop calling a model that keeps failing; probe it again later")
+    failures_to_open: int = _field(
+        5, "consecutive failed model calls (every input failed, or the call raised) that open it"
+    )
+    open_ms: int = _field(5000, "time open before one probe batch is let through")
+    open_ms_max: int = _field(60000, "cap of the open time, which doubles after each failed probe")
+    fallback_model_path: str = _field(
+        "", "model folder used while open; empty: dead-letter at once (CircuitOpenError)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.failures_to_open < 1:
+            raise ConfigurationError("PIPELINE_BREAKER_FAILURES_TO_OPEN must be at least 1")
+        if not 0 < self.open_ms <= self.open_ms_max:
+            raise ConfigurationError("PIPELINE_BREAKER_*: need 0 < open_ms <= open_ms_max")
+
+
 _SECTIONS: dict[str, type[Any]] = {
     "kafka": KafkaSettings,
     "local_kafka": LocalKafkaSettings,
@@ -333,6 +396,8 @@ _SECTIONS: dict[str, type[Any]] = {
     "metrics": MetricsSettings,
     "log": LogSettings,
     "scheduler": SchedulerSettings,
+    "degrade": DegradeSettings,
+    "breaker": BreakerSettings,
 }
 
 T = TypeVar("T")
@@ -380,6 +445,8 @@ class Settings:
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
     scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
+    degrade: DegradeSettings = dataclasses.field(default_factory=DegradeSettings)
+    breaker: BreakerSettings = dataclasses.field(default_factory=BreakerSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
