@@ -1,7 +1,7 @@
 """Kafka-native transformer inference: priority lanes, dedupe, micro-batches, dead letters.
 
 The folder tells the data flow: ``intake`` (decode, validate) → ``dedupe`` →
-``batching`` → ``inference`` (own thread) → ``publish`` → ``acks``; ``app``
+``scheduling`` → ``inference`` (own thread) → ``publish`` → ``acks``; ``app``
 wires them into a Faust worker, ``worker`` holds the Faust-free core.
 """
 

@@ -123,6 +123,7 @@ class _RuntimeHolder(Service):
             ack=_ack,
             stored=stored,
             store_in_context=_in_event_context,
+            pause_lane=self._pause_lane,
         )
         self.add_future(self.runtime.run())
         self.ready.set()
@@ -133,6 +134,16 @@ class _RuntimeHolder(Service):
             await self.runtime.close()
         if self.engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.stop, 10.0)
+
+    def _pause_lane(self, lane: str, paused: bool) -> None:
+        """Stop (or restart) fetching a lane's partitions; what was fetched still flows."""
+        consumer = self.app.consumer
+        topic = self.settings.topics.lane_topic(lane)
+        tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+        if paused:
+            consumer.pause_partitions(tps)
+        else:
+            consumer.resume_partitions(tps)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
         return await self.app.producer.send(topic, key, value, None, None, None)

@@ -2,8 +2,7 @@
 
 Three levels, cheapest first:
 
-1. ``batch``: the same hash twice in one batch is computed once (see
-   :func:`pipeline.batching.plan_batch`);
+1. ``batch``: the same hash twice in one batch is computed once;
 2. ``inflight``: a hash whose computation is already running gets its answer
    from that computation (:class:`SingleFlight`);
 3. ``stored``: a hash answered before, within the TTL and for the same model

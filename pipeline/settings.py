@@ -148,12 +148,11 @@ class ModelSettings:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-    """The simple bounded batcher: up to ``max_size`` requests or ``max_wait_ms``."""
+    """Bounds on work between intake and acknowledgement (batches: see ``scheduler``)."""
 
-    max_size: int = _field(16, "most requests in one model call")
-    max_wait_ms: int = _field(10, "longest wait for a batch to fill, in ms")
-    queue_size: int = _field(1024, "bound of the queue between intake and batcher")
-    max_inflight: int = _field(4096, "most requests accepted but not yet acknowledged")
+    max_inflight: int = _field(
+        2048, "per lane: most requests accepted but not yet acknowledged (then intake waits)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

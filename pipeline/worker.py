@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.acks import OffsetWatermark
-from pipeline.batching import Batcher
 from pipeline.codec import result_codec
 from pipeline.dedupe import SingleFlight, StoredResults
 from pipeline.errors import ExpiredError, InferenceError, PermanentError, PublishError
 from pipeline.inference import InferenceEngine, Prediction
 from pipeline.intake import Request, parse
 from pipeline.publish import Origin, Publisher, backoff_ms, dead_letter_record, result_record
+from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
 
 __all__ = ["Incoming", "Runtime"]
@@ -35,6 +35,7 @@ __all__ = ["Incoming", "Runtime"]
 log = logging.getLogger(__name__)
 
 AckFn = Callable[[Any], Awaitable[None]]
+PauseFn = Callable[[str, bool], None]
 StoreFn = Callable[[Any, Callable[[], None]], None]
 
 
@@ -76,6 +77,7 @@ class Runtime:
         ack: AckFn,
         stored: StoredResults | None = None,
         store_in_context: StoreFn | None = None,
+        pause_lane: PauseFn | None = None,
         clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.settings = settings
@@ -92,14 +94,23 @@ class Runtime:
         self.flight: SingleFlight[Work] = SingleFlight()
         # Computed results not yet durably stored: hash -> (prediction, leader).
         self._settled: dict[str, tuple[Prediction, Work]] = {}
-        self.batcher: Batcher[Work] = Batcher(
-            max_size=settings.batch.max_size,
-            max_wait_ms=settings.batch.max_wait_ms,
-            queue_size=settings.batch.queue_size,
-            rank=lambda w: LANES.index(w.request.lane),
+        self.controller = Controller(
+            settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime")
         )
-        self._inflight = asyncio.Semaphore(settings.batch.max_inflight)
-        self._batch_slots = asyncio.Semaphore(2)  # one running, one tokenizing/queued
+        self.scheduler: Scheduler[Work] = Scheduler(
+            settings.scheduler,
+            expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
+            controller=self.controller,
+        )
+        self._pause_lane = pause_lane or (lambda lane, paused: None)
+        self.paused: set[str] = set()
+        # Per lane, so a flooded bulk lane never blocks realtime intake.
+        self._inflight = {lane: asyncio.Semaphore(settings.batch.max_inflight) for lane in LANES}
+        self._room = {lane: asyncio.Event() for lane in LANES}
+        self._wake = asyncio.Event()
+        # One batch at a time is formed and run: forming it at the last moment
+        # lets late realtime requests in and keeps the deadline predictions true.
+        self._batch_slots = asyncio.Semaphore(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
@@ -113,7 +124,7 @@ class Runtime:
         Must be called in offset order per partition, from the consuming
         context (stored-result lookups read the partition's table there).
         """
-        await self._inflight.acquire()
+        await self._inflight[incoming.lane].acquire()
         origin = incoming.origin
         tp = (origin.topic, origin.partition)
         try:
@@ -142,19 +153,82 @@ class Runtime:
         if stored is not None:
             self._spawn(self._serve_stored(incoming, request, stored))
             return
-        await self.batcher.put(Work(incoming=incoming, request=request, arrived_ms=now))
+        await self._enqueue(Work(incoming=incoming, request=request, arrived_ms=now))
+
+    async def _enqueue(self, work: Work) -> None:
+        """Hand work to the scheduler; wait (with the lane paused) while its lane is full."""
+        req = work.request
+        # A cheap estimate (about four characters per token) is enough to bucket by length.
+        tokens = min(self.settings.model.max_length, len(req.text) // 4 + 2)
+        item = Item(work, req.lane, req.deadline_ms, work.arrived_ms, tokens)
+        while not self.scheduler.offer(item):
+            self._apply_pauses()
+            self._room[req.lane].clear()
+            await self._room[req.lane].wait()
+        self._apply_pauses()
+        self._wake.set()
+
+    def _apply_pauses(self) -> None:
+        for lane in self.scheduler.lanes_to_pause():
+            self.paused.add(lane)
+            self._pause_lane(lane, True)
+            log.info("lane %s paused: queue at its bound (%d)", lane, self.scheduler.depth(lane))
+        for lane in self.scheduler.lanes_to_resume():
+            self.paused.discard(lane)
+            self._pause_lane(lane, False)
+            log.info("lane %s resumed", lane)
+        for lane, room in self._room.items():
+            if not self.scheduler.full(lane):
+                room.set()
 
     # -- batches --------------------------------------------------------------
 
     async def run(self) -> None:
-        """Form batches forever; at most two are in flight at a time."""
+        """Ask the scheduler for batches forever; one is formed and run at a time."""
         while True:
-            batch = await self.batcher.next_batch()
             await self._batch_slots.acquire()
-            task = self._spawn(self._run_batch(batch))
+            plan = await self._next_plan()
+            task = self._spawn(self._run_plan(plan))
             task.add_done_callback(lambda _t: self._batch_slots.release())
 
-    async def _run_batch(self, batch: list[Work]) -> None:
+    async def _next_plan(self) -> Plan[Work]:
+        """Wait until the scheduler has a batch to run; dead-letter what it expired."""
+        while True:
+            now = self._clock_ms()
+            self._wake.clear()
+            plan = self.scheduler.next_batch(now)
+            if plan is not None:
+                self._apply_pauses()
+                for item in plan.expired:
+                    req = item.payload.request
+                    late = now - req.deadline_ms
+                    error = ExpiredError(
+                        f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now)"
+                    )
+                    self._spawn(self._dead_letter(item.payload.incoming, error, 1, req.request_id))
+                if plan.items:
+                    return plan
+                continue
+            wait = self.scheduler.wait_ms(now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
+
+    async def _run_plan(self, plan: Plan[Work]) -> None:
+        batch = [item.payload for item in plan.items]
+        start = self._clock_ms()
+        outcome_ms = await self._run_batch(batch)
+        self.scheduler.observe(
+            plan,
+            latency_ms=outcome_ms if outcome_ms is not None else float(self._clock_ms() - start),
+            utilisation=self.engine.busy_fraction(),
+            now_ms=self._clock_ms(),
+        )
+
+    async def _run_batch(self, batch: list[Work]) -> float | None:
+        """Dedupe within the batch and against work in flight, then compute the rest.
+
+        Returns the model call's duration in ms, or None when nothing ran.
+        """
         now = self._clock_ms()
         leaders: list[Work] = []
         in_this_batch: set[str] = set()
@@ -174,7 +248,8 @@ class Runtime:
             else:
                 work.served = "batch" if req.content_hash in in_this_batch else "inflight"
         if leaders:
-            await self._compute(leaders)
+            return await self._compute(leaders)
+        return None
 
     def _answer_known(self, work: Work) -> bool:
         """Serve ``work`` from a result computed earlier, if there is one.
@@ -196,7 +271,7 @@ class Runtime:
             return True
         return False
 
-    async def _compute(self, leaders: list[Work]) -> None:
+    async def _compute(self, leaders: list[Work]) -> float:
         for work in leaders:
             work.attempts += 1
         outcome = await self.engine.run([w.request.text for w in leaders])
@@ -212,6 +287,7 @@ class Runtime:
                 self._complete(work, None, result.error or InferenceError("no prediction"))
             else:
                 self._spawn(self._retry(work))
+        return outcome.inference_ms
 
     async def _retry(self, work: Work) -> None:
         await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)
@@ -269,7 +345,7 @@ class Runtime:
             record = None
         if record is None or record["model_version"] != self.model_version:
             # Unreadable or another model's: compute it afresh instead.
-            await self.batcher.put(Work(incoming, request, arrived_ms=self._clock_ms()))
+            await self._enqueue(Work(incoming, request, arrived_ms=self._clock_ms()))
             return
         record = {
             **record,
@@ -336,7 +412,7 @@ class Runtime:
 
     async def _release(self, incoming: Incoming) -> None:
         origin = incoming.origin
-        self._inflight.release()
+        self._inflight[incoming.lane].release()
         for token in self.watermark.done((origin.topic, origin.partition), origin.offset):
             await self._ack(token)
 

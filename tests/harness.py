@@ -32,7 +32,7 @@ class Deployment:
             "PIPELINE_TOPICS_PARTITIONS": str(partitions),
             "PIPELINE_WORKER_APP_ID": f"pipeline-test-{tag}",
             "PIPELINE_WORKER_EXPIRE_LANES": "",
-            "PIPELINE_BATCH_MAX_WAIT_MS": "5",
+            "PIPELINE_SCHEDULER_WINDOW_MS": "5",
             "PIPELINE_RETRY_BACKOFF_BASE_MS": "10",
             **extra,
         }

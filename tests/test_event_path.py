@@ -126,7 +126,7 @@ def test_failing_input_is_isolated_retried_and_dead_lettered(
 ) -> None:
     dep = Deployment.create(
         kafka_bootstrap, tmp_path, partitions=1, PIPELINE_MODEL_FAIL_ON="poison",
-        PIPELINE_BATCH_MAX_WAIT_MS="200",
+        PIPELINE_SCHEDULER_WINDOW_MS="200",
     )
     with dep.worker(), RequestProducer(dep.settings) as producer:
         for i in range(7):

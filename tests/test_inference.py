@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import LABELS, build_tiny_bert
 
 from pipeline.errors import ConfigurationError, InferenceError
 from pipeline.inference import (
@@ -28,7 +29,6 @@ from pipeline.inference import (
     load_model,
 )
 from pipeline.settings import ModelSettings
-from tests.tiny_model import LABELS, build_tiny_bert
 
 TEXTS = [
     "A man is eating food.",

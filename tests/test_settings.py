@@ -15,21 +15,21 @@ def test_defaults_and_overrides() -> None:
     s = Settings.from_env({})
     assert s.topics.lane_topic("realtime") == "inference.requests.realtime"
     s = Settings.from_env(
-        {"PIPELINE_TOPICS_PREFIX": "dev.", "PIPELINE_BATCH_MAX_SIZE": "8",
+        {"PIPELINE_TOPICS_PREFIX": "dev.", "PIPELINE_SCHEDULER_MAX_ITEMS": "8",
          "PIPELINE_DEDUPE_ENABLED": "false"}
     )
     assert s.topics.results_topic == "dev.inference.results"
-    assert s.batch.max_size == 8
+    assert s.scheduler.max_items == 8
     assert s.dedupe.enabled is False
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.batch.max_size = 3  # type: ignore[misc]
+        s.scheduler.max_items = 3  # type: ignore[misc]
 
 
 def test_typos_and_bad_values_are_clear_errors() -> None:
-    with pytest.raises(ConfigurationError, match="PIPELINE_BATCH_MAX_SIZ"):
-        Settings.from_env({"PIPELINE_BATCH_MAX_SIZ": "8"})
+    with pytest.raises(ConfigurationError, match="PIPELINE_SCHEDULER_MAX_ITEM"):
+        Settings.from_env({"PIPELINE_SCHEDULER_MAX_ITEM": "8"})
     with pytest.raises(ConfigurationError, match="expected a number"):
-        Settings.from_env({"PIPELINE_BATCH_MAX_SIZE": "eight"})
+        Settings.from_env({"PIPELINE_SCHEDULER_MAX_ITEMS": "eight"})
     with pytest.raises(ConfigurationError, match="unknown lane"):
         Settings.from_env({}).topics.lane_topic("urgent")
 
