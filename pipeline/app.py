@@ -11,6 +11,8 @@ a record before its result or dead letter exists (DESIGN.md, delivery rules).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
@@ -21,7 +23,9 @@ from faust.streams import _current_event
 from mode import Service
 
 from pipeline.dedupe import StoredResults
-from pipeline.inference import InferenceEngine, load_model
+from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
+from pipeline.logs import configure_logging
+from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.publish import Origin, Publisher
 from pipeline.settings import LANES, Settings
 from pipeline.worker import Incoming, Runtime, wall_ms
@@ -97,43 +101,94 @@ class _RuntimeHolder(Service):
         self.table = table
         self.runtime: Runtime | None = None
         self.engine: InferenceEngine | None = None
+        self.fallback: InferenceEngine | None = None
+        self.telemetry: DeviceTelemetry | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
         super().__init__()
 
     async def on_start(self) -> None:
+        s = self.settings
+        configure_logging(
+            s.log, allow_payloads=s.worker.log_payloads, static={"app": s.worker.app_id}
+        )
+        self.metrics = PipelineMetrics()
+        self.metrics_server = start_metrics_server(s.metrics, self.metrics)
         loop = asyncio.get_running_loop()
-        model = await loop.run_in_executor(None, load_model, self.settings.model)
-        self.engine = InferenceEngine(model)
-        self.engine.start()
-        # The first call pays for lazy initialisation; keep it off real requests.
-        await self.engine.run(["warm-up"])
+        model = await loop.run_in_executor(None, load_model, s.model)
+        self.engine = await self._start_engine(model)
+        fallback, fallback_model = None, None
+        if s.breaker.enabled and s.breaker.fallback_model_path:
+            fb_settings = dataclasses.replace(s.model, path=s.breaker.fallback_model_path, name="")
+            fb = await loop.run_in_executor(None, load_model, fb_settings)
+            fallback = self.fallback = await self._start_engine(fb)
+            fallback_model = (fb_settings.display_name, fb_settings.version)
+        self.telemetry = DeviceTelemetry(model.device)
+        self.metrics.model(s.model.display_name, s.model.version, str(model.device), s.model.task)
         publisher = Publisher(
             self._send,
-            results_topic=self.settings.topics.results_topic,
-            dlq_topic=self.settings.topics.dlq_topic,
-            retry=self.settings.retry,
+            results_topic=s.topics.results_topic,
+            dlq_topic=s.topics.dlq_topic,
+            retry=s.retry,
         )
-        stored = StoredResults(
-            self.table, ttl_ms=self.settings.dedupe.ttl_s * 1000, clock_ms=wall_ms
-        )
+        stored = StoredResults(self.table, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
         self.runtime = Runtime(
-            self.settings,
+            s,
             engine=self.engine,
             publisher=publisher,
             ack=_ack,
             stored=stored,
             store_in_context=_in_event_context,
             pause_lane=self._pause_lane,
+            metrics=self.metrics,
+            fallback=fallback,
+            fallback_model=fallback_model,
         )
         self.add_future(self.runtime.run())
+        self.add_future(self.runtime.housekeeping())
+        self.add_future(self._sample_device())
         self.ready.set()
-        log.info("pipeline ready: model %s on %s", self.settings.model.model_id, model.device)
+        log.info("pipeline ready: model %s on %s", s.model.model_id, model.device)
+
+    async def _start_engine(self, model: Any) -> InferenceEngine:
+        engine = InferenceEngine(model)
+        engine.start()
+        # The first call pays for lazy initialisation; keep it off real requests.
+        await engine.run(["warm-up"])
+        return engine
+
+    async def _sample_device(self) -> None:
+        """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""
+        while True:
+            await asyncio.sleep(self.settings.metrics.sample_interval_s)
+            with contextlib.suppress(Exception):  # telemetry must never hurt the worker
+                sample = self.telemetry.sample() if self.telemetry is not None else None
+                if sample is not None:
+                    self.metrics.device(
+                        sample.utilization_pct / 100,
+                        sample.memory_used_bytes,
+                        sample.memory_total_bytes,
+                    )
+                consumer: Any = self.app.consumer
+                for tp in consumer.assignment():
+                    committed = consumer._committed_offset.get(tp)
+                    highwater = consumer.highwater(tp)
+                    if committed is not None and highwater is not None:
+                        lag = max(0, highwater - committed)
+                        self.metrics.consumer_lag(tp.topic, tp.partition, lag)
 
     async def on_stop(self) -> None:
         if self.runtime is not None:
             await self.runtime.close()
-        if self.engine is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.engine.stop, 10.0)
+        loop = asyncio.get_running_loop()
+        for engine in (self.engine, self.fallback):
+            if engine is not None:
+                await loop.run_in_executor(None, engine.stop, 10.0)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
 
     def _pause_lane(self, lane: str, paused: bool) -> None:
         """Stop (or restart) fetching a lane's partitions; what was fetched still flows."""

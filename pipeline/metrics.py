@@ -105,6 +105,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pipeline_engine_busy_ratio": ("gauge", "share of recent time the engine thread computed"),
     "pipeline_consumer_lag": ("gauge", "records behind the partition's end (highwater)"),
     "pipeline_breaker_state": ("gauge", "1 for the circuit breaker's current state"),
+    "pipeline_shed_level": ("gauge", "load-shedding level, 0 (none) to 3 (see degrade.py)"),
     "pipeline_model": ("info", "the model this worker serves"),
 }
 
@@ -161,6 +162,7 @@ class PipelineMetrics:
         self._busy = gauge("pipeline_engine_busy_ratio")
         self._lag = gauge("pipeline_consumer_lag", ["topic", "partition"])
         self._breaker = gauge("pipeline_breaker_state", ["state"])
+        self._shed = gauge("pipeline_shed_level")
         self._model = Info("pipeline_model", h["pipeline_model"], registry=r)
         self._lock = threading.Lock()  # guards the breaker's one-hot update
 
@@ -291,6 +293,10 @@ class PipelineMetrics:
         with self._lock:
             for known in {*BREAKER_STATES, state}:
                 self._breaker.labels(state=known).set(1 if known == state else 0)
+
+    def shed_level(self, level: int) -> None:
+        """Load shedding is now at ``level`` (0 normal .. 3, see scheduling/degrade.py)."""
+        self._shed.set(level)
 
     def model(self, name: str, version: str, device: str, task: str) -> None:
         """What this worker serves, as labels of ``pipeline_model_info``."""

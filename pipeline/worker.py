@@ -1,13 +1,13 @@
-"""The worker's core, free of Faust: intake → dedupe → batches → model → publish → ack.
+"""The worker's core, free of Faust: intake → dedupe → scheduler → model → answers.
 
 Every input that :meth:`Runtime.submit` accepts ends in exactly one result or
-one dead letter, and is released for commit only after that record was
-acknowledged by the broker, in offset order per partition:
+one dead letter (see :mod:`pipeline.answers` for the order of publish, ack,
+store and release). Between intake and the model, three levels of dedupe:
+a stored result, a computation already in flight, a twin in the same batch.
 
-    publish result/dead letter → await broker ack → store dedupe entry → release offset
-
-Faust is reached only through three injected callables: the producer's send,
-the table the stored results live in, and ``ack`` for a released input.
+Faust is reached only through injected callables: the producer's send (in
+the publisher), the table the stored results live in, ``ack`` for a released
+input, and ``pause_lane`` for backpressure.
 """
 
 from __future__ import annotations
@@ -17,52 +17,28 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.acks import OffsetWatermark
-from pipeline.codec import result_codec
+from pipeline.answers import AckFn, Answers, Incoming, StoreFn, Work
 from pipeline.dedupe import SingleFlight, StoredResults
-from pipeline.errors import ExpiredError, InferenceError, PermanentError, PublishError
+from pipeline.errors import CircuitOpenError, ExpiredError, InferenceError, PermanentError
+from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine, Prediction
-from pipeline.intake import Request, parse
-from pipeline.publish import Origin, Publisher, backoff_ms, dead_letter_record, result_record
+from pipeline.intake import parse
+from pipeline.metrics import PipelineMetrics
+from pipeline.publish import Publisher, backoff_ms
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
 
-__all__ = ["Incoming", "Runtime"]
+__all__ = ["Incoming", "Runtime", "wall_ms"]
 
 log = logging.getLogger(__name__)
 
-AckFn = Callable[[Any], Awaitable[None]]
 PauseFn = Callable[[str, bool], None]
-StoreFn = Callable[[Any, Callable[[], None]], None]
 
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class Incoming:
-    """One consumed record and the opaque token that acknowledges it."""
-
-    lane: str
-    origin: Origin
-    token: Any
-
-
-@dataclass
-class Work:
-    """A valid request on its way through batching and the model."""
-
-    incoming: Incoming
-    request: Request
-    arrived_ms: int
-    served: str = "computed"
-    attempts: int = 0
-    queue_ms: float = 0.0
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 class Runtime:
@@ -78,19 +54,19 @@ class Runtime:
         stored: StoredResults | None = None,
         store_in_context: StoreFn | None = None,
         pause_lane: PauseFn | None = None,
+        metrics: PipelineMetrics | None = None,
+        fallback: InferenceEngine | None = None,
+        fallback_model: tuple[str, str] | None = None,
         clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.publisher = publisher
+        self.fallback = fallback
+        self.fallback_model = fallback_model
         self.stored = stored if settings.dedupe.enabled else None
-        self._ack = ack
-        self._store_in_context = store_in_context or (lambda token, fn: fn())
+        self.metrics = metrics or PipelineMetrics(process_collectors=False)
         self._clock_ms = clock_ms
-        self.model_name = settings.model.display_name
-        self.model_version = settings.model.version
         self.model_id = settings.model.model_id
-        self.watermark: OffsetWatermark[Any] = OffsetWatermark()
         self.flight: SingleFlight[Work] = SingleFlight()
         # Computed results not yet durably stored: hash -> (prediction, leader).
         self._settled: dict[str, tuple[Prediction, Work]] = {}
@@ -102,43 +78,47 @@ class Runtime:
             expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
             controller=self.controller,
         )
+        self.guard = Guard(
+            settings, scheduler=self.scheduler, metrics=self.metrics, on_shed=self._apply_pauses
+        )
+        self.answers = Answers(
+            settings,
+            publisher=publisher,
+            ack=ack,
+            metrics=self.metrics,
+            guard=self.guard,
+            clock_ms=clock_ms,
+            stored=self.stored,
+            store_in_context=store_in_context,
+        )
         self._pause_lane = pause_lane or (lambda lane, paused: None)
-        self.paused: set[str] = set()
-        # Per lane, so a flooded bulk lane never blocks realtime intake.
-        self._inflight = {lane: asyncio.Semaphore(settings.batch.max_inflight) for lane in LANES}
+        self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
+        self.paused: set[str] = set()  # lanes paused now, for any reason
         self._room = {lane: asyncio.Event() for lane in LANES}
         self._wake = asyncio.Event()
         # One batch at a time is formed and run: forming it at the last moment
         # lets late realtime requests in and keeps the deadline predictions true.
         self._batch_slots = asyncio.Semaphore(1)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.counters: dict[str, int] = dict.fromkeys(
-            ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
-        )
+        self._budget_changes = (0.0, 0.0)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.answers.counters
 
     # -- intake ---------------------------------------------------------------
 
     async def submit(self, incoming: Incoming) -> None:
-        """Accept one consumed record; waits (backpressure) while too much is in flight.
+        """Accept one consumed record; waits (backpressure) while its lane has too much in flight.
 
         Must be called in offset order per partition, from the consuming
         context (stored-result lookups read the partition's table there).
         """
-        await self._inflight[incoming.lane].acquire()
-        origin = incoming.origin
-        tp = (origin.topic, origin.partition)
-        try:
-            self.watermark.track(tp, origin.offset, incoming.token)
-        except ValueError:
-            # The partition was rewound (a rebalance handed it back from its last
-            # commit): what was in flight for it is being delivered again.
-            self.forget_partition(*tp)
-            self.watermark.track(tp, origin.offset, incoming.token)
-        self.counters["received"] += 1
+        await self.answers.accept(incoming)
         now = self._clock_ms()
         try:
             request = parse(
-                origin.value,
+                incoming.origin.value,
                 lane=incoming.lane,
                 lane_deadline_ms=self.settings.worker.lane_deadline_ms(incoming.lane),
                 model_id=self.model_id,
@@ -147,20 +127,28 @@ class Runtime:
             )
         except PermanentError as exc:
             rid = getattr(exc, "request_id", None)
-            self._spawn(self._dead_letter(incoming, exc, attempts=1, request_id=rid))
+            self._spawn(self.answers.dead_letter(incoming, exc, 1, rid))
             return
+        work = Work(incoming=incoming, request=request, arrived_ms=now)
         stored = self.stored.get(request.content_hash) if self.stored else None
         if stored is not None:
-            self._spawn(self._serve_stored(incoming, request, stored))
+            self._spawn(self._serve_stored(work, stored))
             return
-        await self._enqueue(Work(incoming=incoming, request=request, arrived_ms=now))
+        await self._enqueue(work)
+
+    async def _serve_stored(self, work: Work, stored: bytes) -> None:
+        if not await self.answers.from_store(work.incoming, work.request, stored):
+            await self._enqueue(work)  # unreadable or another version's: compute afresh
 
     async def _enqueue(self, work: Work) -> None:
         """Hand work to the scheduler; wait (with the lane paused) while its lane is full."""
         req = work.request
         # A cheap estimate (about four characters per token) is enough to bucket by length.
         tokens = min(self.settings.model.max_length, len(req.text) // 4 + 2)
-        item = Item(work, req.lane, req.deadline_ms, work.arrived_ms, tokens)
+        deadline = self.guard.deadline_ms(
+            req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
+        )
+        item = Item(work, req.lane, deadline, work.arrived_ms, tokens)
         while not self.scheduler.offer(item):
             self._apply_pauses()
             self._room[req.lane].clear()
@@ -169,14 +157,25 @@ class Runtime:
         self._wake.set()
 
     def _apply_pauses(self) -> None:
+        """Pause the lanes that full queues or load shedding want paused; resume the rest."""
         for lane in self.scheduler.lanes_to_pause():
-            self.paused.add(lane)
-            self._pause_lane(lane, True)
-            log.info("lane %s paused: queue at its bound (%d)", lane, self.scheduler.depth(lane))
+            self._queue_paused.add(lane)
         for lane in self.scheduler.lanes_to_resume():
-            self.paused.discard(lane)
-            self._pause_lane(lane, False)
-            log.info("lane %s resumed", lane)
+            self._queue_paused.discard(lane)
+        want = self._queue_paused | self.guard.actions.paused_lanes
+        for lane in reversed(LANES):  # realtime is paused last and resumed first
+            if lane in want and lane not in self.paused:
+                self.paused.add(lane)
+                self._pause_lane(lane, True)
+                self.metrics.paused(lane, True)
+                why = "queue at its bound" if lane in self._queue_paused else "load shedding"
+                log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
+        for lane in LANES:
+            if lane not in want and lane in self.paused:
+                self.paused.discard(lane)
+                self._pause_lane(lane, False)
+                self.metrics.paused(lane, False)
+                log.info("lane %s resumed", lane)
         for lane, room in self._room.items():
             if not self.scheduler.full(lane):
                 room.set()
@@ -205,7 +204,9 @@ class Runtime:
                     error = ExpiredError(
                         f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now)"
                     )
-                    self._spawn(self._dead_letter(item.payload.incoming, error, 1, req.request_id))
+                    self._spawn(
+                        self.answers.dead_letter(item.payload.incoming, error, 1, req.request_id)
+                    )
                 if plan.items:
                     return plan
                 continue
@@ -216,13 +217,26 @@ class Runtime:
     async def _run_plan(self, plan: Plan[Work]) -> None:
         batch = [item.payload for item in plan.items]
         start = self._clock_ms()
-        outcome_ms = await self._run_batch(batch)
+        ran_ms = await self._run_batch(batch)
+        latency_ms = ran_ms if ran_ms is not None else float(self._clock_ms() - start)
         self.scheduler.observe(
             plan,
-            latency_ms=outcome_ms if outcome_ms is not None else float(self._clock_ms() - start),
+            latency_ms=latency_ms,
             utilisation=self.engine.busy_fraction(),
             now_ms=self._clock_ms(),
         )
+        m = self.metrics
+        m.batch(
+            len(plan.items), plan.real_tokens, plan.padded_tokens, latency_ms / 1000, plan.reason
+        )
+        snap = self.scheduler.snapshot()
+        m.budget(int(snap.get("budget", plan.budget)))
+        grows, shrinks = snap.get("budget_grows", 0.0), snap.get("budget_shrinks", 0.0)
+        if grows > self._budget_changes[0]:
+            m.budget_change("grow")
+        if shrinks > self._budget_changes[1]:
+            m.budget_change("shrink")
+        self._budget_changes = (grows, shrinks)
 
     async def _run_batch(self, batch: list[Work]) -> float | None:
         """Dedupe within the batch and against work in flight, then compute the rest.
@@ -234,12 +248,13 @@ class Runtime:
         in_this_batch: set[str] = set()
         for work in batch:
             req = work.request
-            if now > req.deadline_ms and self.settings.worker.expires(req.lane):
+            if now > req.deadline_ms and req.lane in self.scheduler.expire_lanes:
                 late = now - req.deadline_ms
                 error = ExpiredError(f"deadline passed {late} ms before inference ({req.lane})")
-                self._spawn(self._dead_letter(work.incoming, error, 1, req.request_id))
+                self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
                 continue
             work.queue_ms = float(now - work.arrived_ms)
+            self.metrics.wait(req.lane, work.queue_ms / 1000)
             if self._answer_known(work):
                 continue
             if self.flight.join(req.content_hash, work):
@@ -267,18 +282,41 @@ class Runtime:
             return True
         stored = self.stored.get(h) if self.stored else None
         if stored is not None:
-            self._spawn(self._serve_stored(work.incoming, work.request, stored))
+            self._spawn(self._serve_stored(work, stored))
             return True
         return False
 
-    async def _compute(self, leaders: list[Work]) -> float:
+    async def _compute(self, leaders: list[Work], *, retry: bool = False) -> float:
+        """Run the leaders through the model (or its fallback while the breaker is open)."""
+        now = self._clock_ms()
+        engine, model = self.engine, None
+        if not self.guard.model_allowed(now):
+            if self.fallback is None:
+                error = CircuitOpenError(
+                    "model circuit breaker is open after repeated failures; dead-lettered "
+                    "at once (replay it once the model is healthy)"
+                )
+                for work in leaders:
+                    self._complete(work, None, error)
+                return 0.0
+            engine, model = self.fallback, self.fallback_model
+        texts = []
+        actions = self.guard.actions
         for work in leaders:
             work.attempts += 1
-        outcome = await self.engine.run([w.request.text for w in leaders])
-        stats = {
-            "inference_ms": outcome.inference_ms,
-            "batch_size": float(outcome.batch_size),
-        }
+            work.model = model
+            text = actions.clip(work.request.text)
+            work.storable = work.storable and text == work.request.text
+            texts.append(text)
+        try:
+            outcome = await engine.run(texts)
+        except InferenceError as exc:  # the engine itself is gone (shutting down)
+            for work in leaders:
+                self._complete(work, None, exc)
+            return float(self._clock_ms() - now)
+        if engine is self.engine and not retry:
+            self.guard.model_result(self._clock_ms(), ok=outcome.failures < outcome.batch_size)
+        stats = {"inference_ms": outcome.inference_ms, "batch_size": float(outcome.batch_size)}
         for work, result in zip(leaders, outcome.outcomes, strict=True):
             work.stats = stats
             if result.prediction is not None:
@@ -291,136 +329,44 @@ class Runtime:
 
     async def _retry(self, work: Work) -> None:
         await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)
-        await self._compute([work])
+        await self._compute([work], retry=True)
 
     def _complete(
         self, leader: Work, prediction: Prediction | None, error: BaseException | None
     ) -> None:
-        """Answer every requester of the leader's hash; the first one stores the result."""
-        waiters = self.flight.finish(leader.request.content_hash)
+        """Answer every requester of the leader's hash; the leader also stores the result."""
+        h = leader.request.content_hash
+        waiters = self.flight.finish(h)
         if prediction is not None:
-            self._settled[leader.request.content_hash] = (prediction, leader)
+            self._settled[h] = (prediction, leader)
         for work in waiters:
             if prediction is None:
                 assert error is not None
-                self._spawn(
-                    self._dead_letter(
-                        work.incoming, error, leader.attempts, work.request.request_id
-                    )
-                )
+                rid = work.request.request_id
+                self._spawn(self.answers.dead_letter(work.incoming, error, leader.attempts, rid))
             else:
                 self._spawn(self._answer(work, leader, prediction))
 
     async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
-        record = result_record(
-            work.request,
-            prediction,
-            model_name=self.model_name,
-            model_version=self.model_version,
-            task=self.settings.model.task,
-            served=work.served,
-            completed_at_ms=self._clock_ms(),
-            queue_ms=work.queue_ms,
-            inference_ms=leader.stats.get("inference_ms", 0.0),
-            batch_size=int(leader.stats.get("batch_size", 0)),
+        h = leader.request.content_hash
+        await self.answers.result(
+            work, prediction, leader=leader, on_stored=lambda: self._settled.pop(h, None)
         )
-        key = work.request.content_hash.encode("ascii")
-        try:
-            value = await self.publisher.result(key, record)
-        except PublishError as exc:
-            await self._publish_failed(work.incoming, exc, work.request.request_id)
-            return
-        self.counters["results"] += 1
-        self.counters[work.served] += 1
-        if work is leader and self.stored is not None:
-            stored = self.stored
-            content_hash = work.request.content_hash
-            self._store_in_context(work.incoming.token, lambda: stored.put(content_hash, value))
-        await self._release(work.incoming)
-
-    async def _serve_stored(self, incoming: Incoming, request: Request, stored: bytes) -> None:
-        try:
-            record = result_codec().decode(stored)
-        except PermanentError:
-            record = None
-        if record is None or record["model_version"] != self.model_version:
-            # Unreadable or another model's: compute it afresh instead.
-            await self._enqueue(Work(incoming, request, arrived_ms=self._clock_ms()))
-            return
-        record = {
-            **record,
-            "request_id": request.request_id,
-            "priority": request.lane,
-            "served": "stored",
-            "created_at_ms": request.created_at_ms,
-            "completed_at_ms": self._clock_ms(),
-            "queue_ms": 0.0,
-            "inference_ms": 0.0,
-            "batch_size": 0,
-            "metadata": request.metadata,
-        }
-        try:
-            await self.publisher.result(request.content_hash.encode("ascii"), record)
-        except PublishError as exc:
-            await self._publish_failed(incoming, exc, request.request_id)
-            return
-        self.counters["results"] += 1
-        self.counters["stored"] += 1
-        await self._release(incoming)
-
-    # -- failures and acks ----------------------------------------------------
-
-    async def _dead_letter(
-        self, incoming: Incoming, error: BaseException, attempts: int, request_id: str | None
-    ) -> None:
-        stage = getattr(error, "stage", "infer")
-        record = dead_letter_record(
-            incoming.origin,
-            stage=stage,
-            error=error,
-            attempts=attempts,
-            failed_at_ms=self._clock_ms(),
-            request_id=request_id,
-        )
-        try:
-            await self.publisher.dead_letter(record)
-        except PublishError as exc:
-            log.error(
-                "dead letter for %s[%d]@%d not acknowledged (%s); the input stays "
-                "uncommitted and will be redelivered after a restart",
-                incoming.origin.topic,
-                incoming.origin.partition,
-                incoming.origin.offset,
-                exc,
-            )
-            return
-        self.counters["dead_letters"] += 1
-        log.info(
-            "dead letter: %s[%d]@%d stage=%s %s",
-            incoming.origin.topic,
-            incoming.origin.partition,
-            incoming.origin.offset,
-            stage,
-            type(error).__name__,
-        )
-        await self._release(incoming)
-
-    async def _publish_failed(
-        self, incoming: Incoming, error: PublishError, request_id: str | None
-    ) -> None:
-        await self._dead_letter(incoming, error, self.settings.retry.max_attempts, request_id)
-
-    async def _release(self, incoming: Incoming) -> None:
-        origin = incoming.origin
-        self._inflight[incoming.lane].release()
-        for token in self.watermark.done((origin.topic, origin.partition), origin.offset):
-            await self._ack(token)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Stop tracking a revoked partition's offsets; their records get redelivered."""
-        dropped = self.watermark.forget((topic, partition))
-        if dropped:
-            log.info("partition %s[%d] revoked with %d inputs in flight", topic, partition, dropped)
+        self.answers.forget_partition(topic, partition)
+
+    async def housekeeping(self, interval_s: float = 1.0) -> None:
+        """Once a second: let shedding recover on a quiet lane; refresh the gauges."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.guard.tick(self._clock_ms())
+            self._apply_pauses()
+            for lane in LANES:
+                self.metrics.queue_depth(lane, self.scheduler.depth(lane))
+            self.metrics.inflight(self.answers.inflight_count())
+            self.metrics.busy_fraction(self.engine.busy_fraction())
 
     # -- lifecycle ------------------------------------------------------------
 

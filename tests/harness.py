@@ -44,7 +44,12 @@ class Deployment:
 
     @contextmanager
     def worker(self, name: str = "worker-0", **extra: str) -> Iterator[WorkerProcess]:
-        env = {**self.env, "PIPELINE_WORKER_WEB_PORT": str(free_port()), **extra}
+        env = {
+            **self.env,
+            "PIPELINE_WORKER_WEB_PORT": str(free_port()),
+            "PIPELINE_METRICS_PORT": str(free_port()),
+            **extra,
+        }
         if name != "worker-0":
             base = Path(self.env["PIPELINE_WORKER_DATA_DIR"])
             env["PIPELINE_WORKER_DATA_DIR"] = str(base.with_name(name))

@@ -17,7 +17,6 @@ from pipeline.supervise import free_port
 pytestmark = [
     pytest.mark.kafka,
     pytest.mark.slow,
-    pytest.mark.xfail(strict=True, reason="runtime wiring of pipeline.metrics pending"),
 ]
 
 

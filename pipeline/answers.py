@@ -1,0 +1,252 @@
+"""Answering requests: results and dead letters out, then the input released.
+
+Every accepted input gets exactly one answer through this module, in this
+order (DESIGN.md's delivery rules):
+
+    publish result/dead letter → await broker ack → store dedupe entry → release offset
+
+Releasing hands the input's offset to the per-partition watermark, which acks
+to Faust only a contiguous prefix. Each answer also feeds the metrics and the
+load shedder (realtime lateness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.acks import OffsetWatermark
+from pipeline.codec import result_codec
+from pipeline.dedupe import StoredResults
+from pipeline.errors import PermanentError, PublishError
+from pipeline.guard import Guard
+from pipeline.inference import Prediction
+from pipeline.intake import Request
+from pipeline.metrics import PipelineMetrics
+from pipeline.publish import Origin, Publisher, dead_letter_record, result_record
+from pipeline.settings import LANES, Settings
+
+__all__ = ["Answers", "Incoming", "Work"]
+
+log = logging.getLogger(__name__)
+
+AckFn = Callable[[Any], Awaitable[None]]
+StoreFn = Callable[[Any, Callable[[], None]], None]
+
+
+@dataclass
+class Incoming:
+    """One consumed record and the opaque token that acknowledges it."""
+
+    lane: str
+    origin: Origin
+    token: Any
+
+
+@dataclass
+class Work:
+    """A valid request on its way through scheduling and the model."""
+
+    incoming: Incoming
+    request: Request
+    arrived_ms: int
+    served: str = "computed"
+    attempts: int = 0
+    queue_ms: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+    #: Who computed it, when not the primary model (a fallback); never stored then.
+    model: tuple[str, str] | None = None
+    #: False when its text was cut by load shedding: such a result is not stored.
+    storable: bool = True
+
+
+class Answers:
+    """Publishes one answer per input and releases it (see the module's promise)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        publisher: Publisher,
+        ack: AckFn,
+        metrics: PipelineMetrics,
+        guard: Guard,
+        clock_ms: Callable[[], int],
+        stored: StoredResults | None = None,
+        store_in_context: StoreFn | None = None,
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.metrics = metrics
+        self.guard = guard
+        self.stored = stored
+        self._ack = ack
+        self._clock_ms = clock_ms
+        self._store_in_context = store_in_context or (lambda token, fn: fn())
+        self.watermark: OffsetWatermark[Any] = OffsetWatermark()
+        # Per lane, so a flooded bulk lane never blocks realtime intake.
+        self.inflight = {lane: asyncio.Semaphore(settings.batch.max_inflight) for lane in LANES}
+        self.counters: dict[str, int] = dict.fromkeys(
+            ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
+        )
+
+    async def accept(self, incoming: Incoming) -> None:
+        """Take an input on: wait for room in its lane, then track its offset."""
+        await self.inflight[incoming.lane].acquire()
+        origin = incoming.origin
+        tp = (origin.topic, origin.partition)
+        try:
+            self.watermark.track(tp, origin.offset, incoming.token)
+        except ValueError:
+            # The partition was rewound (a rebalance handed it back from its last
+            # commit): what was in flight for it is being delivered again.
+            self.forget_partition(*tp)
+            self.watermark.track(tp, origin.offset, incoming.token)
+        self.counters["received"] += 1
+        self.metrics.arrived(incoming.lane)
+
+    def inflight_count(self) -> int:
+        """Inputs accepted but not yet released, over every lane."""
+        return self.watermark.pending()
+
+    async def result(
+        self, work: Work, prediction: Prediction, *, leader: Work, on_stored: Callable[[], object]
+    ) -> None:
+        """Publish ``work``'s result; the leader of a computation also stores it."""
+        name, version = (
+            work.model
+            or leader.model
+            or (
+                self.settings.model.display_name,
+                self.settings.model.version,
+            )
+        )
+        record = result_record(
+            work.request,
+            prediction,
+            model_name=name,
+            model_version=version,
+            task=self.settings.model.task,
+            served=work.served,
+            completed_at_ms=self._clock_ms(),
+            queue_ms=work.queue_ms,
+            inference_ms=leader.stats.get("inference_ms", 0.0),
+            batch_size=int(leader.stats.get("batch_size", 0)),
+        )
+        key = work.request.content_hash.encode("ascii")
+        try:
+            value = await self.publisher.result(key, record)
+        except PublishError as exc:
+            if work is leader:
+                on_stored()
+            await self.dead_letter(
+                work.incoming, exc, self.settings.retry.max_attempts, work.request.request_id
+            )
+            return
+        if work is leader:
+            if self.stored is not None and leader.storable and leader.model is None:
+                stored, content_hash = self.stored, work.request.content_hash
+                self._store_in_context(work.incoming.token, lambda: stored.put(content_hash, value))
+            on_stored()
+        await self._answered(work.incoming, work.request, work.served)
+
+    async def from_store(self, incoming: Incoming, request: Request, stored: bytes) -> bool:
+        """Publish a stored result for ``request``; False when it is unusable (recompute)."""
+        try:
+            record = result_codec().decode(stored)
+        except PermanentError:
+            return False
+        if record["model_version"] != self.settings.model.version:
+            return False
+        record = {
+            **record,
+            "request_id": request.request_id,
+            "priority": request.lane,
+            "served": "stored",
+            "created_at_ms": request.created_at_ms,
+            "completed_at_ms": self._clock_ms(),
+            "queue_ms": 0.0,
+            "inference_ms": 0.0,
+            "batch_size": 0,
+            "metadata": request.metadata,
+        }
+        try:
+            await self.publisher.result(request.content_hash.encode("ascii"), record)
+        except PublishError as exc:
+            await self.dead_letter(
+                incoming, exc, self.settings.retry.max_attempts, request.request_id
+            )
+            return True
+        await self._answered(incoming, request, "stored")
+        return True
+
+    async def dead_letter(
+        self, incoming: Incoming, error: BaseException, attempts: int, request_id: str | None
+    ) -> None:
+        """Publish a dead letter for the input, with its bytes untouched, then release it.
+
+        If even the dead letter is not acknowledged, the input stays unreleased:
+        its offset is never committed, so it is delivered again after a restart.
+        """
+        stage = getattr(error, "stage", "infer")
+        origin = incoming.origin
+        record = dead_letter_record(
+            origin,
+            stage=stage,
+            error=error,
+            attempts=max(1, attempts),
+            failed_at_ms=self._clock_ms(),
+            request_id=request_id,
+        )
+        try:
+            await self.publisher.dead_letter(record)
+        except PublishError as exc:
+            log.error(
+                "dead letter for %s[%d]@%d not acknowledged (%s); the input stays "
+                "uncommitted and will be redelivered after a restart",
+                origin.topic,
+                origin.partition,
+                origin.offset,
+                exc,
+            )
+            return
+        self.counters["dead_letters"] += 1
+        self.metrics.dead_letter(stage, incoming.lane)
+        if stage == "expired":
+            self.guard.answered(self._clock_ms(), incoming.lane, late=True)
+        log.info(
+            "dead letter: %s[%d]@%d stage=%s %s",
+            origin.topic,
+            origin.partition,
+            origin.offset,
+            stage,
+            type(error).__name__,
+        )
+        await self._release(incoming)
+
+    async def _answered(self, incoming: Incoming, request: Request, served: str) -> None:
+        done = self._clock_ms()
+        late = done > request.deadline_ms
+        self.counters["results"] += 1
+        self.counters[served] += 1
+        self.metrics.completed(
+            request.lane, served, (done - request.created_at_ms) / 1000, late=late
+        )
+        self.guard.answered(done, request.lane, late=late)
+        await self._release(incoming)
+
+    async def _release(self, incoming: Incoming) -> None:
+        origin = incoming.origin
+        self.inflight[incoming.lane].release()
+        for token in self.watermark.done((origin.topic, origin.partition), origin.offset):
+            await self._ack(token)
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Stop tracking a revoked partition's offsets; their records get redelivered."""
+        dropped = self.watermark.forget((topic, partition))
+        self.metrics.forget_partition(topic, partition)
+        if dropped:
+            log.info("partition %s[%d] revoked with %d inputs in flight", topic, partition, dropped)
