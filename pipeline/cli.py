@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import click
 
+from pipeline.commands.bench import bench
 from pipeline.commands.kafka import kafka_group
 from pipeline.commands.options import bootstrap_option, with_bootstrap
 from pipeline.commands.replay import replay_dlq
@@ -171,4 +172,5 @@ def produce(settings: Settings, bootstrap: str | None, lane: str, source: TextIO
 
 
 main.add_command(kafka_group)
+main.add_command(bench)
 main.add_command(replay_dlq)

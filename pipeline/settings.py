@@ -125,7 +125,11 @@ class ModelSettings:
     path: str = _field("", "Hugging Face model folder; empty means the bundled all-MiniLM-L6-v2")
     name: str = _field("", "model name reported in results; empty means derived from the path")
     version: str = _field("1", "model version; stored results of another version are ignored")
-    task: str = _field("embed", "embed (mean-pooled, L2-normalised) or classify (label, score)")
+    task: str = _field(
+        "embed",
+        "embed (mean-pooled, L2-normalised), classify (label, score), or noop (no model: a "
+        "fixed tiny embedding, to measure the pipeline's own cost)",
+    )
     device: str = _field("auto", "auto, cpu or cuda")
     max_length: int = _field(256, "tokens per text; longer texts are truncated")
     torch_threads: int = _field(0, "torch intra-op threads; 0 means cores - 1 (at least 1)")
@@ -138,6 +142,8 @@ class ModelSettings:
         """The model's name in results: ``name``, else the folder's name."""
         if self.name:
             return self.name
+        if self.task == "noop":  # never shares content hashes or stored results with a model
+            return "noop"
         return Path(self.path).name if self.path else "all-MiniLM-L6-v2"
 
     @property
@@ -231,7 +237,9 @@ class SchedulerSettings:
     seq_buckets: str = _field(
         "16,32,64,128,256", "sequence-length buckets (tokens), ascending; batches pad to one"
     )
-    policy: str = _field("seed", "batch-size policy: seed (x0.8 / x1.2) or aimd")
+    policy: str = _field(
+        "seed", "batch-size policy: seed (x0.8 / x1.2), aimd, or fixed (the budget never moves)"
+    )
     latency_threshold: float = _field(
         0.5, "a batch is slow when it takes longer than this fraction of the realtime deadline"
     )
@@ -259,8 +267,8 @@ class SchedulerSettings:
             problems.append("max_items, queue_size and slow_batches must be at least 1")
         if not 0.0 <= self.resume_fraction < 1.0:
             problems.append("resume_fraction must be in [0, 1)")
-        if self.policy not in {"seed", "aimd"}:
-            problems.append(f"policy {self.policy!r}: expected seed or aimd")
+        if self.policy not in {"seed", "aimd", "fixed"}:
+            problems.append(f"policy {self.policy!r}: expected seed, aimd or fixed")
         if not (0 < self.shrink_factor < 1 and self.grow_factor > 1 and 0 < self.aimd_decrease < 1):
             problems.append("need 0 < shrink_factor, aimd_decrease < 1 < grow_factor")
         if not 0 < self.latency_alpha <= 1:

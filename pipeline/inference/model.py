@@ -13,6 +13,8 @@ Tasks:
   all-MiniLM-L6-v2.
 - ``classify``: softmax over the logits; the label comes from the model's
   ``config.id2label`` and the score is the top probability.
+- ``noop``: no model at all (:class:`NoopModel`): a fixed tiny embedding per
+  text, so a worker measures the pipeline's own cost per event.
 """
 
 from __future__ import annotations
@@ -29,10 +31,21 @@ import torch
 from pipeline.errors import ConfigurationError, InferenceError
 from pipeline.settings import ModelSettings
 
-__all__ = ["TASKS", "Encoded", "Model", "Prediction", "default_model_path", "load_model"]
+__all__ = [
+    "TASKS",
+    "Encoded",
+    "Model",
+    "NoopModel",
+    "Prediction",
+    "default_model_path",
+    "load_model",
+]
 
 #: The tasks a model can run.
-TASKS: tuple[str, ...] = ("embed", "classify")
+TASKS: tuple[str, ...] = ("embed", "classify", "noop")
+
+#: What the ``noop`` task answers for every text (unit length, like a real embedding).
+NOOP_EMBEDDING: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
 
 _BUNDLED_NAME = "all-MiniLM-L6-v2"
 
@@ -212,6 +225,46 @@ class Model:
         ]
 
 
+class NoopModel:
+    """A model that does no work: no weights, no tokenizer, no torch call.
+
+    Tokens are counted as words + 2 (special tokens), capped at ``max_length``,
+    so the pipeline's token accounting still sees plausible numbers.
+    """
+
+    def __init__(self, *, name: str, version: str, max_length: int) -> None:
+        self.name = name
+        self.version = version
+        self.task = "noop"
+        self.device = torch.device("cpu")
+        self.max_length = max_length
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def __repr__(self) -> str:
+        return f"NoopModel({self.model_id!r})"
+
+    def count_tokens(self, text: str) -> int:
+        return min(len(text.split()) + 2, self.max_length)
+
+    def tokenize(self, texts: list[str]) -> Encoded:
+        counts = [self.count_tokens(t) for t in texts]
+        return Encoded(
+            texts=list(texts),
+            tensors={},
+            n_tokens=sum(counts),
+            padded_tokens=len(counts) * max(counts, default=0),
+        )
+
+    def forward(self, enc: Encoded) -> list[Prediction]:
+        return [Prediction(embedding=list(NOOP_EMBEDDING)) for _ in enc.texts]
+
+    def predict(self, texts: list[str]) -> list[Prediction]:
+        return self.forward(self.tokenize(texts))
+
+
 def _derive_name(settings: ModelSettings, folder: Path) -> str:
     if settings.name:
         return settings.name
@@ -225,8 +278,10 @@ def _derive_name(settings: ModelSettings, folder: Path) -> str:
     return folder.resolve().name
 
 
-def load_model(settings: ModelSettings) -> Model:
+def load_model(settings: ModelSettings) -> Model | NoopModel:
     """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
+
+    Task ``noop`` loads nothing and returns a :class:`NoopModel`.
 
     Offline only. Sets torch's intra-op threads (``settings.torch_threads``, or
     cores - 1). Raises :class:`ConfigurationError`, with what to do, for an
@@ -236,6 +291,12 @@ def load_model(settings: ModelSettings) -> Model:
     if settings.task not in TASKS:
         raise ConfigurationError(
             f"PIPELINE_MODEL_TASK={settings.task!r}: expected one of {', '.join(TASKS)}"
+        )
+    if settings.task == "noop":
+        return NoopModel(
+            name=settings.name or "noop",
+            version=settings.version,
+            max_length=max(1, settings.max_length),
         )
     if settings.max_length < 1:
         raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")

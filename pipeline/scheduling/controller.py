@@ -16,6 +16,7 @@ been seen it keeps the prior overhead and fits the per-token cost alone.
   budget x ``grow_factor``.
 - ``aimd``: one slow batch → budget x ``aimd_decrease``; utilisation under
   ``low_utilisation`` (or unknown) → budget + ``aimd_step``.
+- ``fixed``: the budget never moves (a baseline; the latency model still learns).
 
 Two guards keep growth from ratcheting or oscillating: the budget grows only
 after a batch the budget actually cut (``saturated``), and only while the
@@ -125,6 +126,8 @@ class Controller:
         self.slow += slow
         self.slow_streak = self.slow_streak + 1 if slow else 0
         idle = utilisation is not None and utilisation < s.low_utilisation
+        if s.policy == "fixed":
+            return self.budget
         if s.policy == "aimd":
             if slow:
                 return self._set(self.budget * s.aimd_decrease)

@@ -1,0 +1,29 @@
+"""``pipeline bench``: the pipeline against its baselines, on the real broker.
+
+- :mod:`.workload`: the seeded, pure workload generator (lengths, lanes, Zipf duplicates, rate)
+- :mod:`.stats`: percentiles, phase summaries, /proc and /metrics probes
+- :mod:`.drive`: sending, collecting answers, the plain confluent-kafka floor loop
+- :mod:`.modes`: sync, fixed, adaptive and noop workers; raw (the model alone)
+- :mod:`.run`: phases and modes in order
+- :mod:`.report`: targets, Markdown, JSON, plots
+"""
+
+from pipeline.bench.report import markdown, targets, write_report
+from pipeline.bench.run import MODES, BenchConfig, run_bench
+from pipeline.bench.stats import percentile, summarize
+from pipeline.bench.workload import WORDS, BenchRequest, WorkloadSpec, generate
+
+__all__ = [
+    "MODES",
+    "WORDS",
+    "BenchConfig",
+    "BenchRequest",
+    "WorkloadSpec",
+    "generate",
+    "markdown",
+    "percentile",
+    "run_bench",
+    "summarize",
+    "targets",
+    "write_report",
+]

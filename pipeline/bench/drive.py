@@ -1,0 +1,190 @@
+"""Traffic on the real broker: send a workload, collect its answers, and the floor loop.
+
+:class:`Collector` reads the results and dead-letter topics of one topic
+prefix on its own thread from the beginning (assigned partitions, no group
+rebalance), stamping each answer with its receipt time. :func:`send` plays a
+workload open-loop (or as fast as possible). :func:`floor_loop` is the
+reference: a plain confluent-kafka consume-and-produce loop in Python.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from pipeline.bench.stats import Answered
+from pipeline.bench.workload import BenchRequest
+from pipeline.client import RequestProducer, request_bytes
+from pipeline.codec import dead_letter_codec, result_codec
+from pipeline.errors import DecodeError
+from pipeline.settings import LANES, Settings
+
+__all__ = ["Collector", "floor_loop", "send", "wall_ms"]
+
+
+def wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class Collector:
+    """Answers of one deployment, by request_id (the first one seen wins)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.answers: dict[str, Answered] = {}
+        self.sent: dict[str, tuple[str, float]] = {}  # rid -> (lane, send time), for dead letters
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        topics = settings.topics
+        self._lane_of = {topics.lane_topic(lane): lane for lane in LANES}
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                "group.id": f"pipeline-bench-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self._consumer.assign(
+            [
+                TopicPartition(topic, p, OFFSET_BEGINNING)
+                for topic in (topics.results_topic, topics.dlq_topic)
+                for p in range(topics.partitions)
+            ]
+        )
+        self._thread = threading.Thread(target=self._run, name="bench-collector", daemon=True)
+        self._thread.start()
+
+    def count(self, prefix: str) -> int:
+        with self._lock:
+            return sum(1 for rid in self.answers if rid.startswith(prefix))
+
+    def of(self, prefix: str) -> list[Answered]:
+        with self._lock:
+            return [a for rid, a in self.answers.items() if rid.startswith(prefix)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        results_topic = self.settings.topics.results_topic
+        rcodec, dcodec = result_codec(), dead_letter_codec()
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(500, 0.1):
+                now = wall_ms()
+                if msg.error() is not None:  # end of partition, topic not there yet
+                    continue
+                answer: Answered | None
+                try:
+                    if msg.topic() == results_topic:
+                        answer = self._result(rcodec.decode(msg.value()), now)
+                    else:
+                        answer = self._dead(dcodec.decode(msg.value()), now)
+                except DecodeError:
+                    continue
+                if answer is None:
+                    continue
+                with self._lock:
+                    self.answers.setdefault(answer.request_id, answer)
+
+    @staticmethod
+    def _result(r: dict[str, Any], now: float) -> Answered:
+        return Answered(
+            request_id=r["request_id"],
+            lane=r["priority"],
+            kind="result",
+            created_at_ms=int(r["created_at_ms"]),
+            received_ms=now,
+            completed_at_ms=int(r["completed_at_ms"]),
+            served=r["served"],
+        )
+
+    def _dead(self, r: dict[str, Any], now: float) -> Answered | None:
+        rid = r.get("request_id")
+        if not rid:
+            return None
+        lane, sent_ms = self.sent.get(rid, (self._lane_of.get(r["original_topic"], "?"), now))
+        return Answered(
+            request_id=rid,
+            lane=lane,
+            kind="dead_letter",
+            created_at_ms=int(sent_ms),
+            received_ms=now,
+            stage=r["stage"],
+        )
+
+
+def send(
+    producer: RequestProducer,
+    workload: Sequence[BenchRequest],
+    *,
+    prefix: str,
+    collector: Collector,
+    progress: Callable[[int], None] | None = None,
+) -> float:
+    """Send ``workload`` at its offsets (open loop; all at once when they are 0).
+
+    Request ids are ``prefix + index``. Returns the wall time (ms) of the first send.
+    """
+    start = wall_ms()
+    t0 = time.monotonic()
+    for req in workload:
+        delay = req.offset_ms / 1000.0 - (time.monotonic() - t0)
+        if delay > 0:
+            time.sleep(delay)
+        rid = f"{prefix}{req.index}"
+        collector.sent[rid] = (req.lane, wall_ms())
+        producer.send(req.text, lane=req.lane, request_id=rid)
+        if progress is not None:
+            progress(1)
+    producer.flush()
+    return start
+
+
+def floor_loop(settings: Settings, texts: Sequence[str], *, timeout_s: float = 300.0) -> float:
+    """Preload ``texts`` as requests on the standard lane, then consume and produce
+    each one unchanged to the results topic; return events per second of that loop
+    (first poll to the last acknowledgement)."""
+    topics = settings.topics
+    lane_topic = topics.lane_topic("standard")
+    boot = settings.kafka.bootstrap_servers
+    with RequestProducer(settings, source="pipeline bench") as producer:
+        for text in texts:
+            producer.send_raw("standard", None, request_bytes(text)[1])
+    consumer = Consumer(
+        {
+            "bootstrap.servers": boot,
+            "group.id": f"pipeline-bench-floor-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(lane_topic, p, OFFSET_BEGINNING) for p in range(topics.partitions)]
+    )
+    out = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5})
+    seen = 0
+    start = time.monotonic()
+    try:
+        while seen < len(texts) and time.monotonic() - start < timeout_s:
+            for msg in consumer.consume(500, 0.1):
+                if msg.error() is not None:
+                    continue
+                while True:
+                    try:
+                        out.produce(topics.results_topic, value=msg.value(), key=msg.key())
+                        break
+                    except BufferError:
+                        out.poll(0.05)
+                out.poll(0)
+                seen += 1
+        out.flush(60)
+    finally:
+        consumer.close()
+    return seen / max(time.monotonic() - start, 1e-6)

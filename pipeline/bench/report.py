@@ -1,0 +1,222 @@
+"""The benchmark's report: targets, a Markdown table, JSON and PNG plots.
+
+:func:`targets` compares ratios measured within one run against the issue's
+targets; :func:`markdown` renders the per-phase table and the targets;
+:func:`write_report` writes ``bench.json``, ``bench.md``,
+``latency_vs_load.png`` and ``adaptive_timeline.png`` into a folder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["markdown", "targets", "write_report"]
+
+GIB = 1024**3
+
+
+def _phase(report: dict[str, Any], mode: str, phase: str) -> dict[str, Any] | None:
+    for p in report["modes"].get(mode, {}).get("phases", []):
+        if p.get("phase") == phase:
+            return dict(p)
+    return None
+
+
+def _tput(report: dict[str, Any], mode: str, phase: str = "saturate") -> float | None:
+    p = _phase(report, mode, phase)
+    return None if p is None else float(p["throughput"])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _target(
+    name: str, value: float | None, goal: float, unit: str, *, at_most: bool = False
+) -> dict[str, Any]:
+    met = None if value is None else (value <= goal if at_most else value >= goal)
+    return {
+        "target": name,
+        "value": value,
+        "goal": goal,
+        "unit": unit,
+        "at_most": at_most,
+        "met": met,
+    }
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with its measured value and whether it was met
+    (``met`` is ``None`` when the modes it needs did not run)."""
+    adaptive = _tput(report, "adaptive")
+    out = [
+        _target("adaptive / raw throughput", _ratio(adaptive, _tput(report, "raw")), 0.9, "x"),
+        _target("adaptive / sync throughput", _ratio(adaptive, _tput(report, "sync")), 2.5, "x"),
+    ]
+    load = _phase(report, "adaptive", "load-80")
+    p99 = None if load is None else load["latency_ms"]["realtime"]["p99"]
+    out.append(_target("adaptive at 80 % load: realtime p99", p99, 200.0, "ms", at_most=True))
+    expired = None if load is None else float(load["expired"]["realtime"])
+    out.append(
+        _target("adaptive at 80 % load: realtime expirations", expired, 0.0, "", at_most=True)
+    )
+    unanswered = None if load is None else float(load["unanswered"])
+    out.append(_target("adaptive at 80 % load: requests unanswered (bulk completes)", unanswered,
+                       0.0, "", at_most=True))  # fmt: skip
+    fixed = _phase(report, "fixed", "load-80")
+    fixed_p99 = None if fixed is None else fixed["latency_ms"]["realtime"]["p99"]
+    out.append(_target("fixed at the same load: realtime p99 (for reference)", fixed_p99, 200.0,
+                       "ms", at_most=True))  # fmt: skip
+    dup = _ratio(_tput(report, "adaptive", "dup-50"), _tput(report, "adaptive", "dup-0"))
+    out.append(_target("50 % duplicates / 0 % throughput", dup, 1.8, "x"))
+    noop = _tput(report, "noop")
+    out.append(_target("noop events/s per worker", noop, 5000.0, "/s"))
+    out.append(_target("noop / plain confluent-kafka loop", _ratio(noop, _tput(report, "floor")),
+                       1.0, "x"))  # fmt: skip
+    peaks = [
+        p["peak_rss_bytes"]
+        for m in report["modes"].values()
+        for p in m["phases"]
+        if m["mode"] in ("adaptive", "fixed", "sync") and p.get("peak_rss_bytes")
+    ]
+    rss = max(peaks) / GIB if peaks else None
+    out.append(_target("worker peak RSS", rss, 1.5, "GiB", at_most=True))
+    return out
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _rows(report: dict[str, Any]) -> list[str]:
+    rows = []
+    for mode, data in report["modes"].items():
+        for p in data["phases"]:
+            lat = p.get("latency_ms") or {}
+            rt, std, bulk = lat.get("realtime", {}), lat.get("standard", {}), lat.get("bulk", {})
+            served = p.get("served") or {}
+            dedupe = "/".join(str(served.get(k, 0)) for k in ("batch", "inflight", "stored"))
+            missed = (
+                sum((p.get("deadline_missed") or {}).values()) if "deadline_missed" in p else None
+            )
+            expired = sum((p.get("expired") or {}).values()) if "expired" in p else None
+            rss = p.get("peak_rss_bytes")
+            rows.append(
+                "| "
+                + " | ".join(
+                    [
+                        mode,
+                        p["phase"],
+                        _fmt(p.get("offered_rate"), 1),
+                        f"{p.get('answered', 0)}/{p.get('sent', 0)}",
+                        _fmt(p.get("throughput"), 1),
+                        f"{_fmt(rt.get('p50'))} / {_fmt(rt.get('p95'))} / {_fmt(rt.get('p99'))}",
+                        f"{_fmt(std.get('p50'))} / {_fmt(std.get('p99'))}",
+                        f"{_fmt(bulk.get('p50'))} / {_fmt(bulk.get('p99'))}",
+                        _fmt(missed),
+                        _fmt(expired),
+                        _fmt(p.get("mean_batch_size"), 1),
+                        _fmt(p.get("mean_batch_tokens")),
+                        _fmt(p.get("padding_ratio"), 2),
+                        _fmt(p.get("tokenize_share"), 3),
+                        dedupe if "served" in p else "–",
+                        _fmt(p.get("cpu_util"), 2),
+                        _fmt(rss / 2**20 if rss else None),
+                        _fmt(p.get("gpu_util"), 2),
+                    ]
+                )
+                + " |"
+            )
+    return rows
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The per-phase table and the targets, in Markdown."""
+    head = (
+        "| mode | phase | offered/s | answered | throughput/s | realtime p50/p95/p99 ms "
+        "| standard p50/p99 ms | bulk p50/p99 ms | missed | expired | batch | tokens/batch "
+        "| padding | tokenize | dedupe b/i/s | CPU (cores) | peak RSS MiB | GPU |"
+    )
+    lines = [head, "|" + "---|" * 18, *_rows(report), ""]
+    lines += ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in targets(report):
+        sign = "≤" if t["at_most"] else "≥"
+        met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
+        value = _fmt(t["value"], 2)
+        lines.append(
+            f"| {t['target']} | {value} {t['unit']} | {sign} {t['goal']:g} {t['unit']} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plots(report: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, data in report["modes"].items():
+        points = [
+            (p["offered_rate"], p["latency_ms"]["realtime"]["p99"], p["latency_ms"]["all"]["p99"])
+            for p in data["phases"]
+            if p.get("offered_rate") and p.get("latency_ms")
+        ]
+        points.sort()
+        if not points:
+            continue
+        xs = [x for x, _, _ in points]
+        ax.plot(xs, [r for _, r, _ in points], marker="o", label=f"{mode}: realtime p99")
+        ax.plot(xs, [a for _, _, a in points], marker="x", linestyle="--", label=f"{mode}: all p99")
+    ax.axhline(200, color="grey", linewidth=0.8, linestyle=":", label="200 ms SLA")
+    ax.set_xlabel("offered load (requests/s, open loop)")
+    ax.set_ylabel("latency p99 (ms, created → received)")
+    ax.set_yscale("log")
+    ax.set_title("Latency vs offered load")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "latency_vs_load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    rows = report["modes"].get("adaptive", {}).get("timeline", [])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    ts, sizes, budgets = [], [], []
+    for prev, row in itertools.pairwise(rows):
+        dn = row["batches"] - prev["batches"]
+        ts.append(row["t_s"])
+        budgets.append(row["budget"])
+        sizes.append((row["items"] - prev["items"]) / dn if dn > 0 else float("nan"))
+    top.plot(ts, budgets, color="tab:blue")
+    top.set_ylabel("token budget")
+    bottom.plot(ts, sizes, color="tab:orange", marker=".", linestyle="none")
+    bottom.set_ylabel("mean batch size")
+    bottom.set_xlabel("seconds since the adaptive worker was ready")
+    top.set_title("Adaptive: budget and batch size over time")
+    fig.tight_layout()
+    path = out / "adaptive_timeline.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write the JSON, Markdown and PNG files into ``out``; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = {**report, "targets": targets(report)}
+    paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
+    paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown(report), encoding="utf-8")
+    for p in _plots(report, out):
+        paths[p.stem] = p
+    return paths

@@ -1,0 +1,298 @@
+"""Run the benchmark: every mode, its phases, and the report.
+
+Phases (each mode sees the same workloads: phase k uses seed + k):
+
+- ``saturate``: ``requests`` requests sent as fast as possible; throughput;
+- ``load-<pct>``: open loop at ``pct`` % of the base rate (``--rate``, else
+  adaptive's saturated throughput) for ``duration_s``; latency under load
+  (adaptive and fixed);
+- ``dup-0`` / ``dup-50``: saturation at 0 % and 50 % duplicates (adaptive);
+- noop and the floor: ``noop_requests`` events at saturation.
+
+Modes run in the order raw, adaptive, fixed, sync, noop, floor, one worker
+process at a time, each stopped before the next starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from pipeline.bench.drive import floor_loop, send, wall_ms
+from pipeline.bench.modes import WORKER_MODES, Deployment, mode_env, model_settings_for, run_raw
+from pipeline.bench.stats import ProcProbe, batch_stats, metric_total, scrape, summarize
+from pipeline.bench.workload import WorkloadSpec, generate
+from pipeline.client import RequestProducer
+from pipeline.settings import LANES, Settings
+from pipeline.topics import create_topics
+
+__all__ = ["MODES", "BenchConfig", "run_bench"]
+
+MODES = ("raw", "adaptive", "fixed", "sync", "noop", "floor")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What ``pipeline bench`` runs (flags map one to one)."""
+
+    modes: tuple[str, ...] = MODES
+    requests: int = 1000
+    noop_requests: int = 10000
+    duration_s: float = 20.0
+    rate: float = 0.0
+    loads: tuple[float, ...] = (0.5, 0.8)
+    dup_rate: float = 0.2
+    seed: int = 7
+    out: Path = Path("bench-out")
+    device: str | None = None
+    fixed_batch: int = 32
+    fixed_wait_ms: int = 20
+    raw_sizes: tuple[int, ...] = (4, 8, 16, 32)
+    answer_timeout_s: float = 300.0
+
+    @classmethod
+    def quick(cls, **changes: Any) -> BenchConfig:
+        """A smoke run: a few seconds per mode."""
+        base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_sizes=(8,))
+        return dataclasses.replace(base, **changes)
+
+
+def _say(message: str) -> None:
+    tqdm.write(f"==> {message}", file=sys.stderr)
+
+
+class _Sampler:
+    """Scrapes a worker's /metrics every ``interval_s`` on a thread: budget and batches."""
+
+    def __init__(self, port: int, interval_s: float = 0.5) -> None:
+        self.port = port
+        self.interval_s = interval_s
+        self.phase = ""
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            s = scrape(self.port)
+            if s is None:
+                continue
+            self.rows.append(
+                {
+                    "t_s": round(time.monotonic() - self._t0, 3),
+                    "phase": self.phase,
+                    "budget": metric_total(s, "pipeline_token_budget"),
+                    "batches": metric_total(s, "pipeline_batch_size_count"),
+                    "items": metric_total(s, "pipeline_batch_size_sum"),
+                    "busy": metric_total(s, "pipeline_engine_busy_ratio"),
+                }
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _phase(
+    dep: Deployment,
+    name: str,
+    spec: WorkloadSpec,
+    *,
+    config: BenchConfig,
+    sampler: _Sampler | None = None,
+) -> dict[str, Any]:
+    """Send one workload to ``dep``'s worker and summarise what came back."""
+    assert dep.collector is not None and dep.probe is not None
+    workload = generate(spec)
+    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
+    if sampler is not None:
+        sampler.phase = name
+    before, cpu0, t0 = scrape(dep.metrics_port), dep.probe.cpu_s(), time.monotonic()
+    bar = tqdm(
+        total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
+    )
+    collector = dep.collector
+    with RequestProducer(dep.settings, source="pipeline bench") as producer:
+        started: list[float] = []
+
+        def play() -> None:
+            started.append(send(producer, workload, prefix=prefix, collector=collector))
+
+        sender = threading.Thread(target=play, name="bench-sender", daemon=True)
+        sender.start()
+        deadline = time.monotonic() + config.answer_timeout_s
+        deadline += spec.n / spec.rate if spec.rate else 0.0
+        done = 0
+        while time.monotonic() < deadline:
+            now = dep.collector.count(prefix)
+            bar.update(now - done)
+            done = now
+            if done >= len(workload) and not sender.is_alive():
+                break
+            time.sleep(0.1)
+        sender.join(60)
+    bar.close()
+    after, cpu1, wall = scrape(dep.metrics_port), dep.probe.cpu_s(), time.monotonic() - t0
+    settings = dep.settings.worker
+    summary = summarize(
+        dep.collector.of(prefix),
+        sent=len(workload),
+        started_ms=started[0] if started else wall_ms(),
+        deadlines_ms={lane: settings.lane_deadline_ms(lane) for lane in LANES},
+    )
+    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
+    summary |= {
+        "phase": name,
+        "offered_rate": spec.rate or None,
+        "dup_rate": spec.dup_rate,
+        **batch_stats(before, after),
+        "tokenize_share": None,
+        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+        "peak_rss_bytes": dep.probe.peak_rss_bytes(),
+        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
+    }
+    _say(
+        f"{dep.mode}/{name}: {summary['answered']}/{summary['sent']} answered, "
+        f"{summary['throughput']:.1f}/s, realtime p99 {summary['latency_ms']['realtime']['p99']}"
+    )
+    return summary
+
+
+def _worker_mode(
+    mode: str, config: BenchConfig, bootstrap: str, base_rate: float | None, settings: Settings
+) -> dict[str, Any]:
+    extra = mode_env(
+        mode,
+        fixed_batch=config.fixed_batch,
+        fixed_wait_ms=config.fixed_wait_ms,
+        max_length=settings.model.max_length,
+    )
+    if config.device:
+        extra["PIPELINE_MODEL_DEVICE"] = config.device
+    if settings.model.path:
+        extra["PIPELINE_MODEL_PATH"] = settings.model.path
+    dep = Deployment(mode, bootstrap=bootstrap, out=config.out, extra_env=extra)
+    _say(f"{mode}: starting a worker (topics {dep.settings.topics.prefix}*, log {dep.log_path})")
+    phases: list[dict[str, Any]] = []
+    sampler = None
+    try:
+        dep.start()
+        _say(f"{mode}: ready in {dep.ready_s:.1f} s")
+        sampler = _Sampler(dep.metrics_port) if mode == "adaptive" else None
+        n = config.noop_requests if mode == "noop" else config.requests
+        spec = WorkloadSpec(n=n, seed=config.seed, dup_rate=config.dup_rate)
+        phases.append(_phase(dep, "saturate", spec, config=config, sampler=sampler))
+        if mode in ("adaptive", "fixed"):
+            base = base_rate or phases[0]["throughput"]
+            for k, load in enumerate(config.loads, 1):
+                rate = base * load
+                n = max(10, int(rate * config.duration_s))
+                load_spec = WorkloadSpec(
+                    n=n, seed=config.seed + k, rate=rate, dup_rate=config.dup_rate
+                )
+                name = f"load-{round(load * 100)}"
+                phases.append(_phase(dep, name, load_spec, config=config, sampler=sampler))
+        if mode == "adaptive":
+            for k, dup in enumerate((0.0, 0.5), 10):
+                dup_spec = WorkloadSpec(n=config.requests, seed=config.seed + k, dup_rate=dup)
+                name = f"dup-{round(dup * 100)}"
+                phases.append(_phase(dep, name, dup_spec, config=config, sampler=sampler))
+    finally:
+        if sampler is not None:
+            sampler.close()
+        dep.stop()
+    return {
+        "mode": mode,
+        "env": extra,
+        "ready_s": dep.ready_s,
+        "phases": phases,
+        "timeline": sampler.rows if sampler is not None else [],
+    }
+
+
+def _floor(config: BenchConfig, bootstrap: str) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    env = {
+        "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "PIPELINE_TOPICS_PREFIX": f"bench-floor-{tag}.",
+    }
+    settings = Settings.from_env(env)
+    create_topics(settings)
+    texts = [r.text for r in generate(WorkloadSpec(n=config.noop_requests, seed=config.seed))]
+    _say(f"floor: {len(texts)} events through a plain confluent-kafka consume/produce loop")
+    probe = ProcProbe(os.getpid())
+    cpu0, t0 = probe.cpu_s(), time.monotonic()
+    rate = floor_loop(settings, texts)
+    cpu1 = probe.cpu_s()
+    phase = {
+        "phase": "saturate",
+        "sent": len(texts),
+        "answered": len(texts),
+        "throughput": rate,
+        "cpu_util": (cpu1 - cpu0) / (time.monotonic() - t0) if cpu0 and cpu1 else None,
+    }
+    _say(f"floor: {rate:.0f} events/s")
+    return {"mode": "floor", "phases": [phase], "timeline": []}
+
+
+def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[str, Any]:
+    """Run ``config.modes`` against the broker at ``bootstrap``; return the report data."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    modes: dict[str, Any] = {}
+    base_rate = config.rate or None
+    for mode in (m for m in MODES if m in config.modes):
+        if mode == "raw":
+            texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
+            _say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
+            raw = run_raw(
+                model_settings_for(settings, config.device), texts, sizes=config.raw_sizes
+            )
+            _say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
+            modes["raw"] = {"mode": "raw", "phases": [{"phase": "saturate", **raw}], "timeline": []}
+        elif mode in WORKER_MODES:
+            modes[mode] = _worker_mode(mode, config, bootstrap, base_rate, settings)
+            if mode == "adaptive" and base_rate is None:
+                base_rate = modes[mode]["phases"][0]["throughput"]
+        elif mode == "floor":
+            modes["floor"] = _floor(config, bootstrap)
+    shutil.rmtree(config.out / "work", ignore_errors=True)  # RocksDB folders and worker logs
+    return {
+        "config": {
+            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
+        },
+        "machine": _machine(config.device),
+        "started_at": started,
+        "elapsed_s": time.time() - started,
+        "modes": modes,
+    }
+
+
+def _machine(device: str | None) -> dict[str, Any]:
+    import platform
+
+    info: dict[str, Any] = {
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device_flag": device,
+    }
+    try:
+        import torch
+
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        info["torch"] = torch.__version__
+    except Exception:
+        info["cuda"] = None
+    return info

@@ -1,0 +1,204 @@
+"""Report math and probes: percentiles, phase summaries, /proc readings, /metrics scrapes.
+
+Everything here is pure except :class:`ProcProbe` (reads ``/proc/<pid>``) and
+:func:`scrape` (one HTTP GET); both return ``None`` instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.settings import LANES
+
+__all__ = [
+    "Answered",
+    "ProcProbe",
+    "metric_total",
+    "parse_metrics",
+    "percentile",
+    "scrape",
+    "summarize",
+]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) by linear interpolation between closest ranks
+    (numpy's default); ``None`` for no values."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError("q must be in [0, 100]")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One answer as the bench consumer saw it."""
+
+    request_id: str
+    lane: str
+    kind: str  # result | dead_letter
+    created_at_ms: int
+    received_ms: float
+    completed_at_ms: int | None = None
+    served: str | None = None
+    stage: str | None = None
+
+
+def _latency_block(latencies: Sequence[float]) -> dict[str, float | None]:
+    return {
+        "n": float(len(latencies)),
+        "p50": percentile(latencies, 50),
+        "p95": percentile(latencies, 95),
+        "p99": percentile(latencies, 99),
+        "max": max(latencies) if latencies else None,
+    }
+
+
+def summarize(
+    answers: Iterable[Answered],
+    *,
+    sent: int,
+    started_ms: float,
+    deadlines_ms: Mapping[str, int],
+) -> dict[str, Any]:
+    """Throughput, latency percentiles per lane, deadline misses, expirations and
+    dedupe levels of one phase. Latency is receipt time minus ``created_at_ms``;
+    throughput is answers over (last receipt - ``started_ms``)."""
+    answers = list(answers)
+    results = [a for a in answers if a.kind == "result"]
+    dead = [a for a in answers if a.kind == "dead_letter"]
+    last = max((a.received_ms for a in answers), default=started_ms)
+    elapsed_s = max(last - started_ms, 1e-3) / 1000.0
+    latency: dict[str, Any] = {}
+    for lane in (*LANES, "all"):
+        chosen = [a for a in results if lane in ("all", a.lane)]
+        latency[lane] = _latency_block([a.received_ms - a.created_at_ms for a in chosen])
+    missed = dict.fromkeys(LANES, 0)
+    for a in results:
+        done = a.completed_at_ms if a.completed_at_ms is not None else a.received_ms
+        if a.lane in missed and done - a.created_at_ms > deadlines_ms.get(a.lane, math.inf):
+            missed[a.lane] += 1
+    expired = dict.fromkeys(LANES, 0)
+    for a in dead:
+        if a.stage == "expired" and a.lane in expired:
+            expired[a.lane] += 1
+    served: dict[str, int] = {}
+    for a in results:
+        key = a.served or "computed"
+        served[key] = served.get(key, 0) + 1
+    per_lane = {lane: sum(1 for a in answers if a.lane == lane) for lane in LANES}
+    return {
+        "sent": sent,
+        "answered": len(answers),
+        "results": len(results),
+        "dead_letters": len(dead),
+        "unanswered": max(sent - len(answers), 0),
+        "answered_by_lane": per_lane,
+        "elapsed_s": elapsed_s,
+        "throughput": len(answers) / elapsed_s,
+        "latency_ms": latency,
+        "deadline_missed": missed,
+        "expired": expired,
+        "served": served,
+        "dedupe_hit_rate": {
+            level: served.get(level, 0) / len(results) if results else 0.0
+            for level in ("batch", "inflight", "stored")
+        },
+    }
+
+
+class ProcProbe:
+    """CPU time and peak RSS of one process, from ``/proc/<pid>`` (Linux)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def cpu_s(self) -> float | None:
+        """User + system CPU seconds so far (threads included)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        # After the ")" of comm, field 3 (state) is index 0: utime is 14, stime 15.
+        return (int(fields[11]) + int(fields[12])) / self._ticks
+
+    def peak_rss_bytes(self) -> int | None:
+        """VmHWM: the process's peak resident set size."""
+        try:
+            with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            return None
+        return None
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse_metrics(text: str) -> Samples:
+    """Prometheus text format → ``{(name, labels): value}`` (comments skipped)."""
+    out: Samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        labels = frozenset(_LABEL.findall(m.group(3) or ""))
+        out[(m.group(1), labels)] = value
+    return out
+
+
+def metric_total(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def scrape(port: int, timeout_s: float = 2.0) -> Samples | None:
+    """GET http://127.0.0.1:PORT/metrics, parsed; ``None`` when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as r:
+            return parse_metrics(r.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+def batch_stats(before: Samples | None, after: Samples | None) -> dict[str, float | None]:
+    """Mean batch size, padded tokens, padding ratio and batches from two scrapes."""
+    if before is None or after is None:
+        return {"batches": None, "mean_batch_size": None, "mean_batch_tokens": None,
+                "padding_ratio": None}  # fmt: skip
+
+    def delta(name: str) -> float:
+        return metric_total(after, name) - metric_total(before, name)
+
+    batches = delta("pipeline_batch_size_count")
+    real, padded = delta("pipeline_tokens_real_total"), delta("pipeline_tokens_padded_total")
+    return {
+        "batches": batches,
+        "mean_batch_size": delta("pipeline_batch_size_sum") / batches if batches else None,
+        "mean_batch_tokens": padded / batches if batches else None,
+        "padding_ratio": 1 - real / padded if padded else None,
+    }

@@ -1,0 +1,201 @@
+"""``pipeline bench``: throughput and latency of every mode on the real broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.bench.run import MODES, BenchConfig
+from pipeline.commands.options import bootstrap_option
+from pipeline.settings import Settings
+
+__all__ = ["bench"]
+
+
+def _modes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in value.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise click.BadParameter(f"{', '.join(unknown) or 'none'}: choose from {', '.join(MODES)}")
+    return modes
+
+
+def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    try:
+        loads = tuple(float(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter("expected fractions like 0.5,0.8") from None
+    if not loads or min(loads) <= 0:
+        raise click.BadParameter("expected positive fractions like 0.5,0.8")
+    return loads
+
+
+@click.command("bench")
+@bootstrap_option
+@click.option(
+    "--modes",
+    default=",".join(MODES),
+    show_default=True,
+    callback=_modes,
+    help="Comma-separated: raw (model alone, no Kafka), adaptive (defaults), fixed (fixed "
+    "batch and wait), sync (one request per model call), noop (pipeline with a no-op model), "
+    "floor (plain confluent-kafka consume/produce loop).",
+)
+@click.option("--quick", is_flag=True, help="Smoke run: small N, a few seconds per mode (CI).")
+@click.option(
+    "--requests",
+    "-n",
+    type=click.IntRange(1),
+    default=None,
+    help="Requests per saturation phase [1000; quick 60].",
+)
+@click.option(
+    "--noop-requests",
+    type=click.IntRange(1),
+    default=None,
+    help="Events for noop and the floor loop [10000; quick 400].",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0.5),
+    default=None,
+    help="Seconds of each open-loop load phase [20; quick 3].",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="Base offered rate (req/s) of the load phases; 0: adaptive's saturated throughput.",
+)
+@click.option(
+    "--loads",
+    default=None,
+    callback=_loads,
+    help="Fractions of the base rate to offer open loop [0.5,0.8; quick 0.8].",
+)
+@click.option(
+    "--dup-rate",
+    type=click.FloatRange(0, 1),
+    default=0.2,
+    show_default=True,
+    help="Share of requests repeating a hot text (Zipf-skewed hot set).",
+)
+@click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench-out"),
+    show_default=True,
+    help="Folder for bench.json, bench.md and the PNG plots.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default=None,
+    help="Model device (sets PIPELINE_MODEL_DEVICE for every worker and raw).",
+)
+@click.option(
+    "--fixed-batch",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Batch size of the fixed mode.",
+)
+@click.option(
+    "--fixed-wait-ms",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    help="Batch wait of the fixed mode.",
+)
+@click.option(
+    "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
+)
+@click.pass_obj
+def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
+    settings: Settings,
+    bootstrap: str | None,
+    modes: tuple[str, ...],
+    quick: bool,
+    requests: int | None,
+    noop_requests: int | None,
+    duration: float | None,
+    rate: float,
+    loads: tuple[float, ...],
+    dup_rate: float,
+    seed: int,
+    out: Path,
+    device: str | None,
+    fixed_batch: int,
+    fixed_wait_ms: int,
+    keep_broker: bool,
+) -> None:
+    """Benchmark the pipeline against its baselines on a real broker and worker.
+
+    Every mode gets the same seeded workload (mostly short texts with a long
+    tail; 10 % realtime, 60 % standard, 30 % bulk; --dup-rate repeats of a
+    Zipf-skewed hot set), through a real `faust -A pipeline.app worker`
+    process with its own topics. Phases: saturation (throughput), open-loop
+    load at --loads x the base rate (latency per lane, adaptive and fixed),
+    0 % vs 50 % duplicates (adaptive). Writes bench.json, bench.md (a table and
+    the targets) and PNG plots into --out.
+
+    Without --bootstrap, the local broker is started (or reused) as by
+    `pipeline kafka up`, and stopped afterwards if this command started it.
+
+    \b
+    Examples:
+      pipeline bench --quick --modes noop,adaptive      # smoke test, ~1 minute
+      pipeline bench --out docs/bench                   # the full run, ~10 minutes on 2 cores
+      pipeline bench --device cuda --modes raw,adaptive,sync --requests 5000
+    """
+    from pipeline.bench import run_bench, write_report
+    from pipeline.kafka_local import LocalKafka
+
+    config = BenchConfig.quick() if quick else BenchConfig()
+    changes: dict[str, object] = {
+        "modes": modes,
+        "dup_rate": dup_rate,
+        "seed": seed,
+        "out": out,
+        "device": device,
+        "rate": rate,
+        "fixed_batch": fixed_batch,
+        "fixed_wait_ms": fixed_wait_ms,
+    }
+    if requests is not None:
+        changes["requests"] = requests
+    if noop_requests is not None:
+        changes["noop_requests"] = noop_requests
+    if duration is not None:
+        changes["duration_s"] = duration
+    if loads:
+        changes["loads"] = loads
+    if device == "cuda":
+        changes["raw_sizes"] = (16, 32, 64, 128, 256)
+    config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+    broker = None
+    if not bootstrap:
+        broker = LocalKafka(settings.local_kafka)
+        was_running = bool(broker.status()["running"])
+        click.echo("==> local broker " + ("reused" if was_running else "starting"), err=True)
+        bootstrap = broker.up()
+        if was_running:
+            broker = None  # not ours to stop
+    try:
+        report = run_bench(config, settings, bootstrap)
+    finally:
+        if broker is not None and not keep_broker:
+            click.echo("==> stopping the local broker", err=True)
+            broker.down()
+    paths = write_report(report, out)
+    click.echo((out / "bench.md").read_text(encoding="utf-8"))
+    for kind, path in paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+    sys.stdout.flush()

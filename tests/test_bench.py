@@ -1,0 +1,245 @@
+"""``pipeline bench``: the workload generator and report math (unit), and a quick
+smoke run on the real broker (kafka + slow). No timing asserts anywhere."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.bench import WORDS, WorkloadSpec, generate, markdown, percentile, summarize, targets
+from pipeline.bench.stats import Answered, ProcProbe, batch_stats, metric_total, parse_metrics
+from pipeline.cli import main
+from pipeline.inference import load_model
+from pipeline.scheduling import Controller
+from pipeline.settings import ModelSettings, SchedulerSettings
+
+# -- workload --------------------------------------------------------------------
+
+
+def test_same_seed_same_workload_and_another_seed_differs() -> None:
+    spec = WorkloadSpec(n=500, seed=3, rate=100.0, dup_rate=0.3)
+    assert generate(spec) == generate(spec)
+    assert generate(spec) != generate(WorkloadSpec(n=500, seed=4, rate=100.0, dup_rate=0.3))
+
+
+def test_lane_mix_within_tolerance() -> None:
+    lanes = Counter(r.lane for r in generate(WorkloadSpec(n=5000, seed=1)))
+    assert abs(lanes["realtime"] / 5000 - 0.1) < 0.02
+    assert abs(lanes["standard"] / 5000 - 0.6) < 0.03
+    assert abs(lanes["bulk"] / 5000 - 0.3) < 0.03
+
+
+def test_lengths_mostly_short_with_a_long_tail_from_the_word_list() -> None:
+    reqs = generate(WorkloadSpec(n=4000, seed=2, dup_rate=0.0))
+    words = [len(r.text.split()) for r in reqs]
+    short = sum(1 for w in words if w <= 12) / len(words)
+    long_ = sum(1 for w in words if w > 40) / len(words)
+    assert 0.70 < short < 0.80
+    assert 0.03 < long_ < 0.07
+    assert max(words) <= 160
+    assert all(word in WORDS for r in reqs[:200] for word in r.text.split())
+
+
+@pytest.mark.parametrize("dup_rate", [0.0, 0.2, 0.5])
+def test_dup_rate_within_tolerance_and_zipf_skewed(dup_rate: float) -> None:
+    reqs = generate(WorkloadSpec(n=4000, seed=5, dup_rate=dup_rate, hot_set=50))
+    seen: set[str] = set()
+    repeats = 0
+    for r in reqs:
+        repeats += r.text in seen
+        assert r.duplicate == (r.text in seen)
+        seen.add(r.text)
+    assert abs(repeats / len(reqs) - dup_rate) < 0.03
+    if dup_rate:
+        counts = Counter(r.text for r in reqs if r.duplicate).most_common()
+        hottest, tenth = counts[0][1], counts[9][1]
+        assert hottest > 3 * tenth  # Zipf: rank 1 weighs ~12x rank 10 at s=1.1
+
+
+def test_open_loop_offsets_follow_the_rate_and_saturation_sends_at_once() -> None:
+    reqs = generate(WorkloadSpec(n=2000, seed=9, rate=200.0))
+    offsets = [r.offset_ms for r in reqs]
+    assert offsets == sorted(offsets)
+    assert abs(offsets[-1] / 1000 - 2000 / 200) < 1.0
+    assert {r.offset_ms for r in generate(WorkloadSpec(n=50, seed=9))} == {0.0}
+
+
+def test_bad_specs_are_refused() -> None:
+    with pytest.raises(ValueError):
+        WorkloadSpec(n=10, dup_rate=1.5)
+    with pytest.raises(ValueError):
+        WorkloadSpec(n=10, lane_mix=(1.0, 0.0))  # type: ignore[arg-type]
+
+
+# -- report math -----------------------------------------------------------------
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 100.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_summarize_counts_lanes_misses_expirations_and_dedupe() -> None:
+    answers = [
+        Answered("a", "realtime", "result", 0, 100.0, completed_at_ms=90, served="computed"),
+        Answered("b", "realtime", "result", 0, 300.0, completed_at_ms=250, served="stored"),
+        Answered("c", "realtime", "dead_letter", 0, 50.0, stage="expired"),
+        Answered("d", "bulk", "result", 0, 1000.0, completed_at_ms=900, served="batch"),
+    ]
+    s = summarize(answers, sent=5, started_ms=0.0, deadlines_ms={"realtime": 200, "bulk": 60000})
+    assert s["answered"] == 4 and s["unanswered"] == 1
+    assert s["throughput"] == pytest.approx(4.0)  # 4 answers in 1 s
+    assert s["latency_ms"]["realtime"]["p50"] == pytest.approx(200.0)
+    assert s["latency_ms"]["bulk"]["p99"] == pytest.approx(1000.0)
+    assert s["deadline_missed"] == {"realtime": 1, "standard": 0, "bulk": 0}
+    assert s["expired"]["realtime"] == 1
+    assert s["served"] == {"computed": 1, "stored": 1, "batch": 1}
+    assert s["dedupe_hit_rate"]["stored"] == pytest.approx(1 / 3)
+
+
+def test_metrics_parsing_and_batch_stats() -> None:
+    text = (
+        "# HELP x\n"
+        "pipeline_batch_size_count 10.0\npipeline_batch_size_sum 80.0\n"
+        "pipeline_tokens_real_total 600.0\npipeline_tokens_padded_total 1000.0\n"
+        'pipeline_queue_depth{lane="bulk"} 3.0\npipeline_queue_depth{lane="realtime"} 1.0\n'
+    )
+    after = parse_metrics(text)
+    assert metric_total(after, "pipeline_queue_depth") == 4.0
+    assert metric_total(after, "pipeline_queue_depth", lane="bulk") == 3.0
+    stats = batch_stats(parse_metrics(""), after)
+    assert stats["mean_batch_size"] == 8.0
+    assert stats["mean_batch_tokens"] == 100.0
+    assert stats["padding_ratio"] == pytest.approx(0.4)
+
+
+def test_proc_probe_reads_this_process() -> None:
+    import os
+
+    probe = ProcProbe(os.getpid())
+    assert (probe.cpu_s() or 0) > 0
+    assert (probe.peak_rss_bytes() or 0) > 1 << 20
+    assert ProcProbe(2**22 + 7).cpu_s() is None
+
+
+def test_targets_and_markdown_from_a_report() -> None:
+    def phase(name: str, tput: float, **extra: object) -> dict[str, object]:
+        lat = {k: {"p50": 10.0, "p95": 20.0, "p99": 30.0} for k in ("realtime", "all")}
+        return {
+            "phase": name,
+            "throughput": tput,
+            "latency_ms": lat,
+            "sent": 1,
+            "answered": 1,
+            "expired": {"realtime": 0},
+            "unanswered": 0,
+            **extra,
+        }
+
+    report = {
+        "modes": {
+            "raw": {"mode": "raw", "phases": [phase("saturate", 100.0)]},
+            "adaptive": {
+                "mode": "adaptive",
+                "phases": [
+                    phase("saturate", 95.0, peak_rss_bytes=2**30),
+                    phase("load-80", 76.0, offered_rate=76.0),
+                    phase("dup-0", 90.0),
+                    phase("dup-50", 180.0),
+                ],
+            },
+        }
+    }
+    by_name = {t["target"]: t for t in targets(report)}
+    assert by_name["adaptive / raw throughput"]["met"] is True
+    assert by_name["adaptive / sync throughput"]["met"] is None  # sync did not run
+    assert by_name["50 % duplicates / 0 % throughput"]["value"] == pytest.approx(2.0)
+    assert by_name["worker peak RSS"]["value"] == pytest.approx(1.0)
+    table = markdown(report)
+    assert table.startswith("| mode | phase |") and "| adaptive | load-80 |" in table
+
+
+# -- the small additions: noop model, fixed policy --------------------------------
+
+
+def test_noop_model_answers_without_weights() -> None:
+    model = load_model(ModelSettings(task="noop"))
+    preds = model.predict(["a b c", "hello"])
+    assert [p.embedding for p in preds] == [[1.0, 0.0, 0.0, 0.0]] * 2
+    assert ModelSettings(task="noop").model_id == "noop@1"
+
+
+def test_fixed_policy_never_moves_the_budget() -> None:
+    controller = Controller(SchedulerSettings(policy="fixed"), slo_ms=200)
+    for latency in (1.0, 500.0, 500.0, 500.0, 1.0):
+        controller.observe(padded_tokens=512, latency_ms=latency, utilisation=0.1, saturated=True)
+    assert controller.budget == 512
+
+
+def test_help_lists_the_flags() -> None:
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0
+    for flag in (
+        "--quick",
+        "--modes",
+        "--duration",
+        "--rate",
+        "--dup-rate",
+        "--seed",
+        "--out",
+        "--device",
+        "--bootstrap",
+    ):
+        assert flag in result.output
+    bad = CliRunner().invoke(main, ["bench", "--modes", "turbo"])
+    assert bad.exit_code != 0 and "turbo" in bad.output
+
+
+# -- the quick bench on the real broker --------------------------------------------
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_quick_bench_answers_everything_and_writes_the_report(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--quick",
+            "--modes",
+            "noop,adaptive",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "bench.json").read_text())
+    assert set(report) >= {"config", "machine", "modes", "targets", "elapsed_s"}
+    assert set(report["modes"]) == {"noop", "adaptive"}
+    phases = {p["phase"] for p in report["modes"]["adaptive"]["phases"]}
+    assert phases == {"saturate", "load-80", "dup-0", "dup-50"}
+    for mode in report["modes"].values():
+        for p in mode["phases"]:
+            assert p["unanswered"] == 0 and p["answered"] == p["sent"], (mode["mode"], p)
+            assert {"throughput", "latency_ms", "served", "cpu_util", "peak_rss_bytes"} <= set(p)
+            assert set(p["latency_ms"]) == {"realtime", "standard", "bulk", "all"}
+    table = (out / "bench.md").read_text()
+    assert "| noop | saturate |" in table and "| target | measured |" in table
+    for png in ("latency_vs_load.png", "adaptive_timeline.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
