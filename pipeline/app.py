@@ -57,6 +57,7 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         # One batch must stay far below this; the model never runs on the loop.
         broker_max_poll_interval=300.0,
+        stream_buffer_maxsize=s.batch.stream_buffer,
     )
     lane_topics = {
         lane: app.topic(
@@ -140,7 +141,6 @@ class _RuntimeHolder(Service):
             ack=_ack,
             stored=stored,
             store_in_context=_in_event_context,
-            pause_lane=self._pause_lane,
             metrics=self.metrics,
             fallback=fallback,
             fallback_model=fallback_model,
@@ -189,16 +189,6 @@ class _RuntimeHolder(Service):
             self.metrics_server.close()
         if self.telemetry is not None:
             self.telemetry.close()
-
-    def _pause_lane(self, lane: str, paused: bool) -> None:
-        """Stop (or restart) fetching a lane's partitions; what was fetched still flows."""
-        consumer = self.app.consumer
-        topic = self.settings.topics.lane_topic(lane)
-        tps = [tp for tp in consumer.assignment() if tp.topic == topic]
-        if paused:
-            consumer.pause_partitions(tps)
-        else:
-            consumer.resume_partitions(tps)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
         return await self.app.producer.send(topic, key, value, None, None, None)

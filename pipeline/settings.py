@@ -159,6 +159,11 @@ class BatchSettings:
     max_inflight: int = _field(
         2048, "per lane: most requests accepted but not yet acknowledged (then intake waits)"
     )
+    stream_buffer: int = _field(
+        1024,
+        "per lane topic: records Faust may buffer ahead of the agent; bounds memory while "
+        "a lane is paused (Faust then stops fetching its partitions)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,14 @@ store and release). Between intake and the model, three levels of dedupe:
 a stored result, a computation already in flight, a twin in the same batch.
 
 Faust is reached only through injected callables: the producer's send (in
-the publisher), the table the stored results live in, ``ack`` for a released
-input, and ``pause_lane`` for backpressure.
+the publisher), the table the stored results live in, and ``ack`` for a
+released input.
+
+Pausing a lane closes its gate: the lane's agent stops taking records, its
+Faust stream buffer fills, and Faust's flow control takes the lane's
+partitions out of the fetcher until the buffer drains. (faust-streaming
+0.15.3's ``Consumer.pause_partitions`` is not used: it drops records already
+fetched for a paused partition, which then only come back after a restart.)
 """
 
 from __future__ import annotations
@@ -34,8 +40,6 @@ __all__ = ["Incoming", "Runtime", "wall_ms"]
 
 log = logging.getLogger(__name__)
 
-PauseFn = Callable[[str, bool], None]
-
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
@@ -53,7 +57,6 @@ class Runtime:
         ack: AckFn,
         stored: StoredResults | None = None,
         store_in_context: StoreFn | None = None,
-        pause_lane: PauseFn | None = None,
         metrics: PipelineMetrics | None = None,
         fallback: InferenceEngine | None = None,
         fallback_model: tuple[str, str] | None = None,
@@ -91,7 +94,9 @@ class Runtime:
             stored=self.stored,
             store_in_context=store_in_context,
         )
-        self._pause_lane = pause_lane or (lambda lane, paused: None)
+        self._open = {lane: asyncio.Event() for lane in LANES}  # set while not paused
+        for gate in self._open.values():
+            gate.set()
         self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
         self.paused: set[str] = set()  # lanes paused now, for any reason
         self._room = {lane: asyncio.Event() for lane in LANES}
@@ -114,6 +119,7 @@ class Runtime:
         Must be called in offset order per partition, from the consuming
         context (stored-result lookups read the partition's table there).
         """
+        await self._open[incoming.lane].wait()
         await self.answers.accept(incoming)
         now = self._clock_ms()
         try:
@@ -166,14 +172,14 @@ class Runtime:
         for lane in reversed(LANES):  # realtime is paused last and resumed first
             if lane in want and lane not in self.paused:
                 self.paused.add(lane)
-                self._pause_lane(lane, True)
+                self._open[lane].clear()
                 self.metrics.paused(lane, True)
                 why = "queue at its bound" if lane in self._queue_paused else "load shedding"
                 log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
         for lane in LANES:
             if lane not in want and lane in self.paused:
                 self.paused.discard(lane)
-                self._pause_lane(lane, False)
+                self._open[lane].set()
                 self.metrics.paused(lane, False)
                 log.info("lane %s resumed", lane)
         for lane, room in self._room.items():

@@ -1,0 +1,130 @@
+"""The scheduler's promises on the real broker with a real worker and the real model."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from harness import Deployment
+
+from pipeline.client import RequestProducer
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _bulk_texts(n: int) -> list[str]:
+    return [f"bulk document {i}: quarterly figures for region {i % 7} rose again" for i in range(n)]
+
+
+def test_realtime_sent_after_queued_bulk_is_answered_first(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        # generous realtime deadline: this test is about order, not expiry
+        PIPELINE_WORKER_LANE_DEADLINE_MS_REALTIME="20000",
+    )
+    with dep.worker(), RequestProducer(dep.settings) as producer:
+        for i, text in enumerate(_bulk_texts(240)):
+            producer.send(text, lane="bulk", request_id=f"bulk-{i}")
+        producer.flush()
+        time.sleep(1.0)  # the bulk backlog is queued and being worked through
+        for i in range(5):
+            producer.send(f"urgent question number {i}", lane="realtime", request_id=f"rt-{i}")
+        producer.flush()
+        answers = dep.answers(expect=245, timeout_s=300)
+    done = {a.record["request_id"]: a.record["completed_at_ms"] for a in answers}
+    assert len(done) == 245
+    last_realtime = max(done[f"rt-{i}"] for i in range(5))
+    bulk_after = sum(1 for i in range(240) if done[f"bulk-{i}"] > last_realtime)
+    # Every realtime request overtook most of the bulk backlog that was there before it.
+    assert bulk_after > 120, bulk_after
+
+
+def test_burst_pauses_and_resumes_bulk_without_losing_anything(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        PIPELINE_SCHEDULER_QUEUE_SIZE="16", PIPELINE_BATCH_MAX_INFLIGHT="64",
+    )
+    with dep.worker() as worker, RequestProducer(dep.settings) as producer:
+        rids = {producer.send(t, lane="bulk") for t in _bulk_texts(300)}
+        producer.flush()
+        answers = dep.answers(expect=300, timeout_s=300)
+        log = worker.log()
+    assert {a.record["request_id"] for a in answers} == rids
+    assert all(a.kind == "result" for a in answers)
+    assert "lane bulk paused: queue at its bound" in log
+    assert "lane bulk resumed" in log
+
+
+def test_overload_sheds_in_order_and_recovers(kafka_bootstrap: str, tmp_path: Path) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        PIPELINE_WORKER_EXPIRE_LANES="realtime",
+        PIPELINE_DEGRADE_MIN_SAMPLES="4",
+        PIPELINE_DEGRADE_WINDOW_MS="3000",
+        PIPELINE_DEGRADE_COOLDOWN_MS="400",
+        PIPELINE_DEGRADE_HOLD_MS="1500",
+    )
+    with dep.worker() as worker, RequestProducer(dep.settings) as producer:
+        # Realtime requests that cannot make their deadline: each one is a miss.
+        sent = 0
+        for _round in range(12):
+            for _ in range(6):
+                producer.send("too late already", lane="realtime",
+                              deadline_ms=int(time.time() * 1000) - 1)
+                sent += 1
+            producer.flush()
+            time.sleep(0.3)
+        answers = dep.answers(expect=sent, timeout_s=120)
+        # then a quiet, healthy period: the shedder steps back down on its own
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "-> 0" not in _shed_lines(worker.log())[-1:][0]:
+            time.sleep(0.5)
+        lines = _shed_lines(worker.log())
+    assert all(a.record["stage"] == "expired" for a in answers)
+    levels = [int(m) for line in lines for m in re.findall(r"-> (\d)", line)]
+    assert levels[:3] == [1, 2, 3], lines
+    assert levels[3:] == [2, 1, 0], lines
+
+
+def _shed_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "load shedding " in line] or [""]
+
+
+def test_failing_model_opens_the_breaker_and_it_closes_after_healing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        PIPELINE_MODEL_FAIL_ON="poison",
+        PIPELINE_BREAKER_FAILURES_TO_OPEN="3",
+        PIPELINE_BREAKER_OPEN_MS="3000",
+        PIPELINE_RETRY_MAX_ATTEMPTS="1",
+    )
+    with dep.worker() as worker, RequestProducer(dep.settings) as producer:
+        for i in range(3):  # three batches in which every input fails
+            producer.send(f"poison pill {i}", lane="standard", request_id=f"poison-{i}")
+            producer.flush()
+            time.sleep(0.5)
+        time.sleep(0.5)
+        producer.send("a healthy text while the breaker is open", lane="standard",
+                      request_id="while-open")
+        producer.flush()
+        time.sleep(4.0)  # past open_ms: the next batch is the half-open probe
+        producer.send("a healthy text after the model healed", lane="standard",
+                      request_id="after")
+        producer.flush()
+        answers = {a.record["request_id"]: a for a in dep.answers(expect=5, timeout_s=120)}
+        log = worker.log()
+    assert all(answers[f"poison-{i}"].kind == "dead_letter" for i in range(3))
+    assert answers["while-open"].kind == "dead_letter"
+    assert answers["while-open"].record["error_class"] == "CircuitOpenError"
+    assert answers["after"].kind == "result"
+    moves = re.findall(r"model circuit (\w+) -> (\w+)", log)
+    assert ("closed", "open") in moves, moves
+    assert moves[-1] == ("half_open", "closed"), moves
