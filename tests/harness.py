@@ -64,5 +64,19 @@ class Deployment:
         if was_running and code != 0:
             raise AssertionError(f"worker did not stop cleanly on SIGTERM (exit {code})")
 
+    def spawn(self, name: str = "worker-0", **extra: str) -> WorkerProcess:
+        """Start a worker like :meth:`worker` but return at once (fault tests
+        kill it mid start-up); the caller stops it."""
+        env = {
+            **self.env,
+            "PIPELINE_WORKER_WEB_PORT": str(free_port()),
+            "PIPELINE_METRICS_PORT": str(free_port()),
+            **extra,
+        }
+        if name != "worker-0":
+            base = Path(self.env["PIPELINE_WORKER_DATA_DIR"])
+            env["PIPELINE_WORKER_DATA_DIR"] = str(base.with_name(name))
+        return WorkerProcess.start(env, Path(env["PIPELINE_WORKER_DATA_DIR"]).with_suffix(".log"))
+
     def answers(self, expect: int, timeout_s: float = 120.0) -> list[Answer]:
         return list(read_answers(self.settings, expect=expect, timeout_s=timeout_s))

@@ -1,0 +1,305 @@
+"""The ledger: after a fault, every input still has its answer, and repeats are bounded.
+
+Every fault test ends with :func:`check_ledger`. It reads the lane topics up to
+their log end and the results and dead-letter topics, and checks the delivery
+promises (README, "Delivery"):
+
+1. every input (topic, partition, offset) has at least one answer: a dead
+   letter naming that origin, or a result carrying its request_id;
+2. answers beyond the first per input (duplicates) number at most
+   ``max_duplicates``, which the test sets from the inputs that were in
+   flight (delivered but not committed) at its faults (:func:`in_flight`);
+3. repeated results of one request agree: same request_id and content hash
+   (the hash of the input's text), embeddings equal within ``atol``.
+
+It returns a summary that tests print, for the issue notes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pipeline.codec import dead_letter_codec, request_codec, result_codec
+from pipeline.dedupe import content_hash
+from pipeline.errors import DecodeError
+from pipeline.settings import LANES, Settings
+
+__all__ = [
+    "Ledger",
+    "LedgerError",
+    "answered_past_commit",
+    "check_ledger",
+    "committed",
+    "in_flight",
+    "log_end",
+]
+
+Origin = tuple[str, int, int]
+
+
+class LedgerError(AssertionError):
+    """A delivery promise is broken; the message says which inputs and how."""
+
+
+def _consumer(bootstrap: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"ledger-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "log_level": 0,
+        }
+    )
+
+
+def log_end(bootstrap: str, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+    """The log-end offset (high watermark) of every partition of ``topics``."""
+    consumer = _consumer(bootstrap)
+    try:
+        out: dict[tuple[str, int], int] = {}
+        meta = consumer.list_topics(timeout=15).topics
+        for topic in topics:
+            for partition in meta[topic].partitions:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=15
+                )
+                out[(topic, partition)] = high
+        return out
+    finally:
+        consumer.close()
+
+
+def committed(bootstrap: str, group: str, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+    """The consumer group's committed offset per partition (0 where none is committed)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    ends = log_end(bootstrap, topics)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in ends])
+    futures = admin.list_consumer_group_offsets([request], request_timeout=15)
+    result = futures[group].result(timeout=30)
+    return {
+        (tp.topic, tp.partition): max(0, tp.offset) for tp in result.topic_partitions
+    }
+
+
+def in_flight(settings: Settings) -> int:
+    """Inputs past the group's committed offsets: what a crash now may answer twice."""
+    bootstrap = settings.kafka.bootstrap_servers
+    lanes = [settings.topics.lane_topic(lane) for lane in LANES]
+    ends = log_end(bootstrap, lanes)
+    done = committed(bootstrap, settings.worker.app_id, lanes)
+    return sum(max(0, end - done.get(tp, 0)) for tp, end in ends.items())
+
+
+def _close(a: list[float] | None, b: list[float] | None, atol: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(
+        math.isclose(x, y, abs_tol=atol) for x, y in zip(a, b, strict=True)
+    )
+
+
+def answered_past_commit(settings: Settings) -> int:
+    """Inputs answered but not yet committed by the group: a crash now may answer
+    each of them once more (call it when the worker is dead, so it is exact)."""
+    lanes = [settings.topics.lane_topic(lane) for lane in LANES]
+    done = committed(settings.kafka.bootstrap_servers, settings.worker.app_id, lanes)
+    ledger = Ledger(settings)
+    ledger.read(time.monotonic() + 30)
+    return ledger.answered_past(done)
+
+
+def _read(
+    consumer: Consumer, ends: dict[tuple[str, int], int], positions: dict[tuple[str, int], int],
+    deadline: float,
+) -> list[Any]:
+    """Messages from ``positions`` up to ``ends`` (exclusive), or until ``deadline``."""
+    todo = {tp for tp, end in ends.items() if positions.get(tp, 0) < end}
+    if not todo:
+        return []
+    consumer.assign(
+        [TopicPartition(t, p, positions.get((t, p), OFFSET_BEGINNING) or OFFSET_BEGINNING)
+         for t, p in todo]
+    )
+    out = []
+    while todo and time.monotonic() < deadline:
+        for msg in consumer.consume(500, timeout=0.5):
+            if msg.error() is not None:
+                continue
+            tp = (msg.topic(), msg.partition())
+            out.append(msg)
+            positions[tp] = msg.offset() + 1
+            if positions[tp] >= ends[tp]:
+                todo.discard(tp)
+    consumer.unassign()
+    return out
+
+
+@dataclass
+class Ledger:
+    """What the lane, results and dead-letter topics hold, and how they match up."""
+
+    settings: Settings
+    inputs: dict[Origin, dict[str, Any] | None] = field(default_factory=dict)
+    results: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    letters: Counter[Origin] = field(default_factory=Counter)
+    n_results: int = 0
+    n_letters: int = 0
+    _positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def read(self, deadline: float) -> None:
+        """Read every topic from where the last read stopped to its log end now."""
+        s = self.settings
+        bootstrap = s.kafka.bootstrap_servers
+        lanes = [s.topics.lane_topic(lane) for lane in LANES]
+        out = [s.topics.results_topic, s.topics.dlq_topic]
+        ends = log_end(bootstrap, lanes + out)
+        consumer = _consumer(bootstrap)
+        try:
+            for msg in _read(consumer, ends, self._positions, deadline):
+                topic = msg.topic()
+                if topic in lanes:
+                    try:
+                        record: dict[str, Any] | None = request_codec().decode(msg.value())
+                    except DecodeError:
+                        record = None
+                    self.inputs[(topic, msg.partition(), msg.offset())] = record
+                elif topic == s.topics.results_topic:
+                    res = result_codec().decode(msg.value())
+                    self.results[res["request_id"]].append(res)
+                    self.n_results += 1
+                else:
+                    dl = dead_letter_codec().decode(msg.value())
+                    origin = (dl["original_topic"], dl["original_partition"], dl["original_offset"])
+                    self.letters[origin] += 1
+                    self.n_letters += 1
+        finally:
+            consumer.close()
+
+    def missing(self) -> list[Origin]:
+        """Inputs without an answer yet."""
+        by_rid: dict[str, list[Origin]] = defaultdict(list)
+        lost = []
+        for origin, record in self.inputs.items():
+            if self.letters[origin]:
+                continue
+            rid = record["request_id"] if record is not None else None
+            if rid is None:
+                lost.append(origin)
+            else:
+                by_rid[rid].append(origin)
+        for rid, origins in by_rid.items():
+            # A request_id used by several inputs needs as many results.
+            have = len(self.results.get(rid, ()))
+            if have < len(origins):
+                lost.extend(sorted(origins)[have:])
+        return sorted(lost)
+
+    def duplicates(self) -> int:
+        """Answers beyond one per input."""
+        rids = Counter(r["request_id"] for r in self.inputs.values() if r is not None)
+        letters_by_rid: Counter[str] = Counter()
+        for origin, n in self.letters.items():
+            record = self.inputs.get(origin)
+            if record is not None:
+                letters_by_rid[record["request_id"]] += n
+        answered_by_result = {
+            rid: max(0, count - letters_by_rid[rid]) for rid, count in rids.items()
+        }
+        extra_results = sum(
+            max(0, len(res) - answered_by_result.get(rid, 0)) for rid, res in self.results.items()
+        )
+        extra_letters = sum(n - 1 for n in self.letters.values() if n > 1)
+        return extra_results + extra_letters
+
+    def check_repeats(self, atol: float) -> None:
+        """Repeated results of one request carry the same content."""
+        model_id = self.settings.model.model_id
+        texts: dict[str, set[str]] = defaultdict(set)
+        for record in self.inputs.values():
+            if record is not None:
+                texts[record["request_id"]].add(record["text"])
+        for rid, res in self.results.items():
+            if rid not in texts:
+                raise LedgerError(f"result for request_id {rid!r}, which no input carries")
+            hashes = {content_hash(t, model_id) for t in texts[rid]}
+            for r in res:
+                if r["content_hash"] not in hashes:
+                    raise LedgerError(f"{rid}: result for content {r['content_hash']} not sent")
+            if len(texts[rid]) > 1 or len(res) < 2:
+                continue
+            first = res[0]["embedding"]
+            for other in res[1:]:
+                if not _close(first, other["embedding"], atol):
+                    raise LedgerError(f"{rid}: repeated results differ in content")
+                if other["label"] != res[0]["label"]:
+                    raise LedgerError(f"{rid}: repeated results differ in label")
+
+    def answered_past(self, offsets: dict[tuple[str, int], int]) -> int:
+        """Inputs at or past ``offsets`` (committed) that already have an answer:
+        after a crash, exactly these can be answered a second time."""
+        self_missing = set(self.missing())
+        return sum(
+            1
+            for (topic, partition, offset) in self.inputs
+            if offset >= offsets.get((topic, partition), 0)
+            and (topic, partition, offset) not in self_missing
+        )
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "inputs": len(self.inputs),
+            "undecodable_inputs": sum(1 for r in self.inputs.values() if r is None),
+            "results": self.n_results,
+            "dead_letters": self.n_letters,
+            "duplicates": self.duplicates(),
+            "missing": len(self.missing()),
+        }
+
+
+def check_ledger(
+    settings: Settings,
+    *,
+    max_duplicates: int,
+    timeout_s: float = 90.0,
+    atol: float = 1e-4,
+    expect_inputs: int | None = None,
+) -> dict[str, int]:
+    """Wait until every input is answered (or ``timeout_s``), then check the promises.
+
+    Raises :class:`LedgerError` naming what is missing, duplicated past
+    ``max_duplicates`` or inconsistent; returns :meth:`Ledger.summary` with
+    ``max_duplicates`` added. ``expect_inputs``, when given, is the number of
+    inputs the test knows it produced: the ledger must see exactly that many.
+    """
+    ledger = Ledger(settings)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ledger.read(deadline)
+        lost = ledger.missing()
+        if not lost or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    time.sleep(0.5)
+    ledger.read(time.monotonic() + 15)  # late duplicates count too
+    summary = {**ledger.summary(), "max_duplicates": max_duplicates}
+    if expect_inputs is not None and summary["inputs"] != expect_inputs:
+        raise LedgerError(f"expected {expect_inputs} inputs on the lanes, found {summary}")
+    lost = ledger.missing()
+    if lost:
+        raise LedgerError(f"{len(lost)} inputs never answered, e.g. {lost[:5]}; {summary}")
+    if summary["duplicates"] > max_duplicates:
+        raise LedgerError(f"duplicates above the bound: {summary}")
+    ledger.check_repeats(atol)
+    return summary
