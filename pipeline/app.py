@@ -54,6 +54,7 @@ def create_app(settings: Settings) -> faust.App:
         topic_partitions=s.topics.partitions,
         topic_replication_factor=s.topics.replication,
         producer_acks=-1,
+        producer_linger=s.worker.producer_linger_ms / 1000,
         consumer_auto_offset_reset="earliest",
         # One batch must stay far below this; the model never runs on the loop.
         broker_max_poll_interval=300.0,

@@ -200,6 +200,9 @@ class WorkerSettings:
         "computed once their deadline has passed; other lanes run late",
     )
     log_payloads: bool = _field(False, "include request text in logs (off: never log payloads)")
+    producer_linger_ms: int = _field(
+        5, "results and dead letters wait up to this long to share one produce request"
+    )
 
     def lane_deadline_ms(self, lane: str) -> int:
         return int(getattr(self, f"lane_deadline_ms_{lane}"))
