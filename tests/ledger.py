@@ -298,7 +298,17 @@ def check_ledger(
         raise LedgerError(f"expected {expect_inputs} inputs on the lanes, found {summary}")
     lost = ledger.missing()
     if lost:
-        raise LedgerError(f"{len(lost)} inputs never answered, e.g. {lost[:5]}; {summary}")
+        per_partition = Counter((t, p) for t, p, _ in lost)
+        # Lost for good when the group committed past them; otherwise stalled
+        # (a restart would deliver them again).
+        lanes = sorted({t for t, _, _ in lost})
+        done = committed(settings.kafka.bootstrap_servers, settings.worker.app_id, lanes)
+        past = [o for o in lost if o[2] < done.get((o[0], o[1]), 0)]
+        raise LedgerError(
+            f"{len(lost)} inputs never answered, e.g. {lost[:5]}; by partition "
+            f"{dict(per_partition)}; committed past {len(past)} of them (offsets "
+            f"{ {tp: done[tp] for tp in per_partition if tp in done} }); {summary}"
+        )
     if summary["duplicates"] > max_duplicates:
         raise LedgerError(f"duplicates above the bound: {summary}")
     ledger.check_repeats(atol)
