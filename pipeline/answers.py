@@ -147,10 +147,28 @@ class Answers:
             )
             return
         if work is leader:
-            if self.stored is not None and leader.storable and leader.model is None:
-                stored, content_hash = self.stored, work.request.content_hash
-                self._store_in_context(work.incoming.token, lambda: stored.put(content_hash, value))
-            on_stored()
+            try:
+                if self.stored is not None and leader.storable and leader.model is None:
+                    stored, content_hash = self.stored, work.request.content_hash
+                    self._store_in_context(
+                        work.incoming.token, lambda: stored.put(content_hash, value)
+                    )
+            except Exception as exc:
+                # The result is out, but the store is broken (a full disk, say): keep the
+                # input unacknowledged, so intake stops once the in-flight bound is
+                # reached and the input is delivered again after a restart.
+                log.error(
+                    "cannot store the dedupe entry for %s[%d]@%d (%s: %s); not acknowledging "
+                    "it: free the store's disk and restart the worker",
+                    work.incoming.origin.topic,
+                    work.incoming.origin.partition,
+                    work.incoming.origin.offset,
+                    type(exc).__name__,
+                    exc,
+                )
+                return
+            finally:
+                on_stored()
         await self._answered(work.incoming, work.request, work.served)
 
     async def from_store(self, incoming: Incoming, request: Request, stored: bytes) -> bool:
@@ -249,4 +267,9 @@ class Answers:
         dropped = self.watermark.forget((topic, partition))
         self.metrics.forget_partition(topic, partition)
         if dropped:
-            log.info("partition %s[%d] revoked with %d inputs in flight", topic, partition, dropped)
+            log.info(
+                "partition %s[%d] revoked or rewound: %d inputs in flight will be redelivered",
+                topic,
+                partition,
+                dropped,
+            )

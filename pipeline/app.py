@@ -16,12 +16,14 @@ import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.streams import _current_event
+from faust.transport.consumer import Consumer
 from mode import Service
 
+from pipeline.continuity import Continuity
 from pipeline.dedupe import StoredResults
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
@@ -87,11 +89,34 @@ def create_app(settings: Settings) -> faust.App:
     async def _forget_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # Faust commits the acked prefix before this; the rest is redelivered
         # to whoever gets the partition, so stop tracking it here.
-        if holder.runtime is not None:
-            for tp in revoked:
+        for tp in revoked:
+            holder.continuity.forget(tp)
+            if holder.runtime is not None:
                 holder.runtime.forget_partition(tp.topic, tp.partition)
 
+    _no_gaps_on(frozenset(topic.get_topic_name() for topic in lane_topics.values()))
+
     return app
+
+
+_ORIGINAL_ADD_GAP = Consumer._add_gap
+
+
+def _no_gaps_on(topics: frozenset[str]) -> None:
+    """Stop Faust from treating skipped offsets of ``topics`` as acknowledged.
+
+    Faust fills a jump in offsets with a "gap" that counts as acked and is
+    committed past; on the lane topics a jump means records were skipped
+    (see continuity.py), so the jump must hold the commit back instead.
+    Real holes are added explicitly by the agent once confirmed.
+    """
+
+    async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
+        if tp.topic in topics:
+            return
+        await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
+
+    Consumer._add_gap = add_gap  # type: ignore[method-assign]
 
 
 class _RuntimeHolder(Service):
@@ -108,6 +133,7 @@ class _RuntimeHolder(Service):
         self.metrics_server: MetricsServer | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
+        self.continuity = Continuity()
         super().__init__()
 
     async def on_start(self) -> None:
@@ -219,6 +245,28 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
         manual = stream.noack()
         async for event in manual.events():
             msg = event.message
+            verdict = holder.continuity.check(msg.tp, msg.offset)
+            if verdict.seek_to is not None:
+                log.error(
+                    "%s[%d]: records %d..%d were skipped by the consumer; reading them again",
+                    msg.topic,
+                    msg.partition,
+                    verdict.seek_to,
+                    msg.offset - 1,
+                )
+                await holder.app.consumer.seek(msg.tp, verdict.seek_to)
+            if verdict.accepted_hole is not None:
+                low, high = verdict.accepted_hole
+                log.warning(
+                    "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
+                    msg.topic,
+                    msg.partition,
+                    low,
+                    high,
+                )
+                await _ORIGINAL_ADD_GAP(cast(Any, holder.app.consumer), msg.tp, low, high)
+            if not verdict.process:
+                continue
             incoming = Incoming(
                 lane=lane,
                 origin=Origin(

@@ -1,0 +1,39 @@
+"""Skipped lane records are noticed and fetched again; real holes are accepted once."""
+
+from __future__ import annotations
+
+from pipeline.continuity import Continuity, Verdict
+
+
+def test_contiguous_records_are_processed() -> None:
+    c = Continuity()
+    assert all(c.check("p", o).process for o in range(5, 10))
+
+
+def test_a_skip_seeks_back_skips_stale_records_then_resumes() -> None:
+    c = Continuity()
+    for o in range(0, 3):
+        c.check("p", o)
+    assert c.check("p", 7) == Verdict(process=False, seek_to=3)
+    assert c.check("p", 8) == Verdict(process=False)  # buffered before the seek
+    assert c.check("p", 3).process  # fetched again
+    assert all(c.check("p", o).process for o in range(4, 10))
+
+
+def test_a_real_hole_is_accepted_after_one_seek() -> None:
+    c = Continuity()
+    c.check("p", 0)
+    assert c.check("p", 5).seek_to == 1
+    assert c.check("p", 5) == Verdict(process=True, accepted_hole=(1, 4))
+    assert c.check("p", 6).process
+    assert c.check("p", 9).seek_to == 7  # a new hole is questioned again
+
+
+def test_rewinds_and_revocation_reset_expectations() -> None:
+    c = Continuity()
+    c.check("p", 10)
+    assert c.check("p", 4).process  # a rewind to the committed offset
+    assert c.check("p", 5).process
+    c.forget("p")
+    assert c.check("p", 50).process  # after revocation it may start anywhere
+    assert c.check("q", 3).process  # partitions are independent
