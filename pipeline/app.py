@@ -237,6 +237,28 @@ def _in_event_context(token: Any, fn: Callable[[], None]) -> None:
         _current_event.reset(reset)
 
 
+def _start_offset(settings: Settings, topic: str, partition: int) -> int | None:
+    """Where the group's reading of a partition starts: its committed offset, else the
+    log's first offset. None when the broker cannot tell (then no check at the start)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+    try:
+        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        tp = TopicPartition(topic, partition)
+        group = ConsumerGroupTopicPartitions(settings.worker.app_id, [tp])
+        (fut,) = admin.list_consumer_group_offsets([group]).values()
+        committed = fut.result(timeout=10).topic_partitions[0].offset
+        if committed >= 0:
+            return int(committed)
+        earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        (low,) = admin.list_offsets({tp: earliest}).values()
+        return int(low.result(timeout=10).offset)
+    except Exception as exc:  # best effort: the in-stream check still runs
+        log.warning("could not read the start offset of %s[%d]: %s", topic, partition, exc)
+        return None
+
+
 def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
     async def consume(stream: Any) -> None:
         await holder.ready.wait()
@@ -245,6 +267,12 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
         manual = stream.noack()
         async for event in manual.events():
             msg = event.message
+            if not holder.continuity.knows(msg.tp):
+                start = await asyncio.get_running_loop().run_in_executor(
+                    None, _start_offset, holder.settings, msg.topic, msg.partition
+                )
+                if start is not None:
+                    holder.continuity.start_at(msg.tp, start)
             verdict = holder.continuity.check(msg.tp, msg.offset)
             if verdict.seek_to is not None:
                 log.error(

@@ -71,6 +71,15 @@ class Continuity:
         self._expected[partition] = offset + 1
         return Verdict(process=True)
 
+    def knows(self, partition: Hashable) -> bool:
+        """Whether a next offset is expected for ``partition`` (False after assignment)."""
+        return partition in self._expected
+
+    def start_at(self, partition: Hashable, offset: int) -> None:
+        """Expect ``partition``'s first record at ``offset`` (its committed offset), so a
+        hole before the first record delivered is noticed too."""
+        self._expected[partition] = offset
+
     def forget(self, partition: Hashable) -> None:
         """The partition was revoked: its next record may start anywhere."""
         self._expected.pop(partition, None)

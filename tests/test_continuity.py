@@ -37,3 +37,12 @@ def test_rewinds_and_revocation_reset_expectations() -> None:
     c.forget("p")
     assert c.check("p", 50).process  # after revocation it may start anywhere
     assert c.check("q", 3).process  # partitions are independent
+
+
+def test_a_hole_before_the_first_record_is_noticed_from_the_start_offset() -> None:
+    c = Continuity()
+    assert not c.knows("p")
+    c.start_at("p", 18)
+    assert c.knows("p")
+    assert c.check("p", 128) == Verdict(process=False, seek_to=18)
+    assert c.check("p", 18).process
