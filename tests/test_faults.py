@@ -166,8 +166,8 @@ def _report(name: str, summary: dict[str, int], **extra: Any) -> None:
 @pytest.mark.xfail(
     raises=LedgerError,
     strict=False,
-    reason="known bug (issue 6 note): after repeated SIGKILL restarts under load the group "
-    "sometimes commits past inputs that got no answer; cause not found yet",
+    reason="failed about half the time before 0acb88d (the group committed past records "
+    "the consumer skipped); kept as an expected failure until it stays green over many runs",
 )
 def test_worker_sigkill_under_load_three_cycles(
     kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
@@ -276,8 +276,8 @@ def test_worker_joins_and_leaves_mid_run(
 @pytest.mark.xfail(
     raises=LedgerError,
     strict=False,
-    reason="known bug (issue 6 note): after a stall past the session timeout the group "
-    "sometimes commits past inputs that got no answer; cause not found yet",
+    reason="failed once before 0acb88d (likely the same skipped-records bug); kept as an "
+    "expected failure until it stays green over many runs",
 )
 def test_worker_stalled_past_session_timeout_then_resumed(
     kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
