@@ -36,7 +36,7 @@ from pipeline.kafka_local import LocalKafka
 from pipeline.settings import LANES
 from pipeline.supervise import WorkerProcess
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
 #: A short session lets the group drop a dead or stalled member in seconds
 #: (the broker's group.min.session.timeout.ms is 6 s).
