@@ -44,16 +44,7 @@ class Deployment:
 
     @contextmanager
     def worker(self, name: str = "worker-0", **extra: str) -> Iterator[WorkerProcess]:
-        env = {
-            **self.env,
-            "PIPELINE_WORKER_WEB_PORT": str(free_port()),
-            "PIPELINE_METRICS_PORT": str(free_port()),
-            **extra,
-        }
-        if name != "worker-0":
-            base = Path(self.env["PIPELINE_WORKER_DATA_DIR"])
-            env["PIPELINE_WORKER_DATA_DIR"] = str(base.with_name(name))
-        proc = WorkerProcess.start(env, Path(env["PIPELINE_WORKER_DATA_DIR"]).with_suffix(".log"))
+        proc = self.spawn(name, **extra)
         try:
             proc.wait_ready()
             yield proc
@@ -65,8 +56,8 @@ class Deployment:
             raise AssertionError(f"worker did not stop cleanly on SIGTERM (exit {code})")
 
     def spawn(self, name: str = "worker-0", **extra: str) -> WorkerProcess:
-        """Start a worker like :meth:`worker` but return at once (fault tests
-        kill it mid start-up); the caller stops it."""
+        """Start a worker with its own ports (and data folder, unless it is
+        worker-0) and return at once; :meth:`worker` also waits and stops it."""
         env = {
             **self.env,
             "PIPELINE_WORKER_WEB_PORT": str(free_port()),
