@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_model import LABELS, build_tiny_bert
 
 from pipeline.errors import ConfigurationError, InferenceError
@@ -28,6 +30,7 @@ from pipeline.inference import (
     default_model_path,
     load_model,
 )
+from pipeline.inference._sync import BusyTracker
 from pipeline.settings import ModelSettings
 
 TEXTS = [
@@ -350,6 +353,31 @@ def test_busy_fraction_over_a_sliding_window() -> None:
         assert engine.busy_fraction() == 0.0
     finally:
         engine.stop(timeout=10)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 3.0), st.booleans()), min_size=1, max_size=40
+    )
+)
+def test_busy_tracker_matches_a_direct_sum(steps: list[tuple[float, float, bool]]) -> None:
+    """The running sum gives what summing every span clipped to the window gives."""
+    now = [0.0]
+    tracker = BusyTracker(5.0, lambda: now[0])
+    spans: list[tuple[float, float]] = []
+    for idle, busy, read in steps:
+        now[0] += idle
+        tracker.begin()
+        start = now[0]
+        now[0] += busy
+        tracker.end()
+        spans.append((start, now[0]))
+        if read:
+            low = now[0] - 5.0
+            expected = sum(max(0.0, end - max(s, low)) for s, end in spans)
+            wall = min(5.0, now[0])
+            want = 0.0 if wall <= 0 else min(1.0, expected / wall)
+            assert tracker.fraction() == pytest.approx(want, abs=1e-9)
 
 
 def test_empty_batch_needs_no_thread() -> None:

@@ -58,13 +58,19 @@ class Slots:
 
 
 class BusyTracker:
-    """Busy time / wall time of one thread over a sliding window."""
+    """Busy time / wall time of one thread over a sliding window.
+
+    ``fraction()`` costs O(spans that left the window since the last call):
+    the busy time of the spans kept is a running sum, so the batch loop can
+    read it after every batch.
+    """
 
     def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
         self._window = window_s
         self._clock = clock
         self._lock = threading.Lock()
         self._spans: collections.deque[tuple[float, float]] = collections.deque()
+        self._kept = 0.0  # total length of the spans in ``_spans``
         self._since: float | None = None
         self._origin = clock()
 
@@ -75,7 +81,9 @@ class BusyTracker:
     def end(self) -> None:
         with self._lock:
             if self._since is not None:
-                self._spans.append((self._since, self._clock()))
+                now = self._clock()
+                self._spans.append((self._since, now))
+                self._kept += now - self._since
                 self._since = None
 
     def fraction(self) -> float:
@@ -83,9 +91,12 @@ class BusyTracker:
             now = self._clock()
             low = now - self._window
             while self._spans and self._spans[0][1] <= low:
-                self._spans.popleft()
-            busy = sum(end - max(start, low) for start, end in self._spans)
+                start, end = self._spans.popleft()
+                self._kept -= end - start
+            busy = self._kept
+            if self._spans and self._spans[0][0] < low:
+                busy -= low - self._spans[0][0]  # the part of the oldest span before the window
             if self._since is not None:
                 busy += now - max(self._since, low)
             wall = min(self._window, now - self._origin)
-        return 0.0 if wall <= 0 else min(1.0, busy / wall)
+        return 0.0 if wall <= 0 else max(0.0, min(1.0, busy / wall))
