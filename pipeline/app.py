@@ -176,7 +176,12 @@ class _RuntimeHolder(Service):
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())
         self.ready.set()
-        log.info("pipeline ready: model %s on %s", s.model.model_id, model.device)
+        log.info(
+            "pipeline ready: model %s on %s (event loop %s)",
+            s.model.model_id,
+            model.device,
+            type(loop).__module__.split(".")[0],
+        )
 
     async def _start_engine(self, model: Any) -> InferenceEngine:
         engine = InferenceEngine(model)
@@ -313,5 +318,17 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
     return consume
 
 
+def use_event_loop(kind: str) -> None:
+    """Make the loop Faust creates next a uvloop one (``kind == "uvloop"``).
+
+    Called when the worker imports this module, before Faust creates its loop.
+    """
+    if kind == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 settings = Settings.from_env()
+use_event_loop(settings.worker.event_loop)
 app = create_app(settings)
