@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import click
 
 from pipeline.commands.bench import bench
+from pipeline.commands.dashboard import dashboard_group
 from pipeline.commands.kafka import kafka_group
 from pipeline.commands.options import bootstrap_option, with_bootstrap
 from pipeline.commands.replay import replay_dlq
@@ -174,3 +175,4 @@ def produce(settings: Settings, bootstrap: str | None, lane: str, source: TextIO
 main.add_command(kafka_group)
 main.add_command(bench)
 main.add_command(replay_dlq)
+main.add_command(dashboard_group)

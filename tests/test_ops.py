@@ -4,10 +4,12 @@ promtool accepts the Prometheus files, and a real Prometheus scrapes a real endp
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +21,8 @@ import pytest
 import yaml
 from test_metrics import populated
 
+from pipeline.dashboard import fetch, figure, load_panels
+from pipeline.dashboard.prometheus import LocalPrometheus, scrape_config
 from pipeline.metrics import PREFIX, PipelineMetrics, start_metrics_server
 from pipeline.settings import MetricsSettings
 from pipeline.supervise import free_port
@@ -178,7 +182,7 @@ def test_promtool_accepts_the_prometheus_config() -> None:
 class RunningPrometheus:
     url: str
     metrics: PipelineMetrics
-    log: Path
+    server: LocalPrometheus
 
     def api(self, path: str, **params: str) -> dict[str, Any]:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -196,71 +200,30 @@ class RunningPrometheus:
         return result
 
     def wait_for(self, expr: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if result:
-                return result
-            time.sleep(0.5)
-        raise TimeoutError(f"{expr} returned nothing in {timeout_s}s:\n{self.log.read_text()}")
+        return self.server.wait_for(expr, timeout_s)
 
 
-def _test_config(target: str) -> dict[str, Any]:
-    """ops/prometheus/prometheus.yml with the pipeline job aimed at ``target``, 1 s scrapes."""
-    config = yaml.safe_load(PROMETHEUS_YML.read_text())
-    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
-    config["rule_files"] = [str(PROMETHEUS_YML.parent / f) for f in config["rule_files"]]
-    job = next(j for j in config["scrape_configs"] if j["job_name"] == "pipeline")
-    job.pop("dns_sd_configs")
-    job["static_configs"] = [{"targets": [target]}]
-    config["scrape_configs"] = [job]
-    return config
+def test_scrape_config_aims_the_pipeline_job_at_the_targets() -> None:
+    config = scrape_config(["127.0.0.1:1234"], interval_s=1.0)
+    assert [j["job_name"] for j in config["scrape_configs"]] == ["pipeline"]
+    assert config["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:1234"]}]
+    assert config["global"]["scrape_interval"] == "1s"
+    assert all(Path(f).is_file() for f in config["rule_files"])
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPrometheus]:
-    assert PROMETHEUS is not None
-    tmp = tmp_path_factory.mktemp("prometheus")
+    """A real Prometheus (1 s scrapes) of an in-process endpoint serving ``populated()``."""
     metrics = populated()
     server = start_metrics_server(MetricsSettings(port=free_port()), metrics)
     assert server is not None
-    config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump(_test_config(f"127.0.0.1:{server.port}")))
-    port = free_port()
-    log = tmp / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    running = RunningPrometheus(f"http://127.0.0.1:{port}", metrics, log)
+    local = LocalPrometheus(
+        [f"127.0.0.1:{server.port}"], tmp_path_factory.mktemp("prometheus"), interval_s=1.0
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"prometheus exited:\n{log.read_text()}"
-            try:
-                with urllib.request.urlopen(f"{running.url}/-/ready", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"prometheus not ready:\n{log.read_text()}") from None
-                time.sleep(0.3)
-        yield running
+        with local:
+            yield RunningPrometheus(local.url, metrics, local)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
         server.close()
 
 
@@ -306,3 +269,22 @@ def test_real_prometheus_parses_every_dashboard_query(prometheus: RunningPrometh
         )
         assert "$" not in promql, (title, promql)
         prometheus.query(promql)  # asserts status success: the query parses and runs
+
+
+@needs_prometheus
+def test_every_panel_draws_from_real_prometheus_query_range(
+    prometheus: RunningPrometheus,
+) -> None:
+    prometheus.wait_for("pipeline_token_budget")
+    time.sleep(2.5)  # a few scrapes, so rate() over the window has two samples
+    panels = load_panels()
+    now = time.time()
+    curves = fetch(
+        prometheus.server.client, panels, start=now - 60, end=now, step_s=1, rate_interval="30s"
+    )
+    assert set(curves.series) == {p.title for p in panels}
+    depth = curves.series["Queue depth by lane"]
+    assert {s.labels.get("lane") for s in depth} >= {"realtime", "standard", "bulk"}
+    budget = [s for s in curves.series["Token budget and padded tokens per batch"] if s.target == 0]
+    assert budget and any(math.isfinite(v) and v > 0 for _, v in budget[0].points)
+    assert len(figure(panels, curves).axes) == len(panels)
