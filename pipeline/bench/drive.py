@@ -77,7 +77,11 @@ class Collector:
         results_topic = self.settings.topics.results_topic
         rcodec, dcodec = result_codec(), dead_letter_codec()
         while not self._stop.is_set():
-            for msg in self._consumer.consume(500, 0.1):
+            # poll() returns as soon as one answer is there; consume(n, timeout) would
+            # wait for n of them or the timeout, adding up to that much to latency.
+            first = self._consumer.poll(0.1)
+            batch = [] if first is None else [first, *self._consumer.consume(500, 0)]
+            for msg in batch:
                 now = wall_ms()
                 if msg.error() is not None:  # end of partition, topic not there yet
                     continue
