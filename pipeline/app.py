@@ -29,6 +29,7 @@ from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.publish import Origin, Publisher
+from pipeline.security import client_config, faust_credentials
 from pipeline.settings import LANES, Settings
 from pipeline.worker import Incoming, Runtime, wall_ms
 
@@ -48,6 +49,7 @@ def create_app(settings: Settings) -> faust.App:
         s.worker.app_id,
         broker=_broker_url(s.kafka.bootstrap_servers),
         broker_client_id=s.kafka.client_id,
+        broker_credentials=faust_credentials(s.kafka_security),
         store="rocksdb://",
         datadir=s.worker.data_dir,
         web_host=s.worker.web_host,
@@ -249,7 +251,7 @@ def _start_offset(settings: Settings, topic: str, partition: int) -> int | None:
     from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
     try:
-        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        admin = AdminClient(client_config(settings))
         tp = TopicPartition(topic, partition)
         group = ConsumerGroupTopicPartitions(settings.worker.app_id, [tp])
         (fut,) = admin.list_consumer_group_offsets([group]).values()

@@ -20,7 +20,7 @@ from pipeline.commands.dashboard import dashboard_group
 from pipeline.commands.kafka import kafka_group
 from pipeline.commands.options import bootstrap_option, with_bootstrap
 from pipeline.commands.replay import replay_dlq
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigurationError, PipelineError
 from pipeline.settings import LANES, Settings, describe
 
 __all__ = ["main"]
@@ -160,6 +160,8 @@ def produce(settings: Settings, bootstrap: str | None, lane: str, source: TextIO
                     request_id=item["request_id"],
                     deadline_ms=item["deadline_ms"],
                 )
+            except ConfigurationError:
+                raise  # the settings or the broker, not this line: stop at once
             except (ValueError, PipelineError) as exc:
                 bad.append(f"line {number}: {exc}")
                 continue

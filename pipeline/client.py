@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from pipeline.codec import dead_letter_codec, request_codec, result_codec
 from pipeline.dedupe import content_hash
 from pipeline.errors import BrokerUnavailable, DecodeError, PublishError, ValidationError
+from pipeline.security import AuthWatch, client_config
 from pipeline.settings import LANES, Settings
 
 __all__ = ["Answer", "RequestProducer", "read_answers", "request_bytes"]
@@ -60,9 +61,10 @@ class RequestProducer:
         self.source = source
         self._errors: list[str] = []
         self.acked = 0
+        self._watch = AuthWatch(settings)
         self._producer = Producer(
             {
-                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                **client_config(settings, self._watch),
                 "client.id": settings.kafka.client_id + "-producer",
                 "enable.idempotence": True,
                 "acks": "all",
@@ -118,11 +120,19 @@ class RequestProducer:
                 break
             except BufferError:
                 self._producer.poll(0.1)  # local queue full: wait for acks, then retry
+                self._watch.check()
         self._producer.poll(0)
+        self._watch.check()
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait until every queued request is acknowledged; raise if any failed."""
-        remaining = self._producer.flush(timeout_s)
+        """Wait until every queued request is acknowledged; raise if any failed, and
+        AuthenticationFailed as soon as the broker refuses this client."""
+        deadline = time.monotonic() + timeout_s
+        remaining = self._producer.flush(0)
+        while remaining and time.monotonic() < deadline:
+            self._watch.check()
+            remaining = self._producer.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+        self._watch.check()
         if remaining:
             raise BrokerUnavailable(
                 f"{remaining} requests not acknowledged within {timeout_s}s; "
@@ -158,9 +168,10 @@ def read_answers(
     ``timeout_s``, whichever comes first. Uses a throwaway consumer group
     unless ``group_id`` is given.
     """
+    watch = AuthWatch(settings)
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            **client_config(settings, watch),
             "group.id": group_id or f"pipeline-reader-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -176,6 +187,7 @@ def read_answers(
             if idle_s is not None and time.monotonic() - last > idle_s:
                 break
             msg = consumer.poll(0.2)
+            watch.check()
             if msg is None:
                 continue
             err = msg.error()

@@ -12,7 +12,8 @@
     │   │   └── CircuitOpenError  the model's breaker is open: it was not called (stage "infer")
     │   └── PublishError        the broker did not acknowledge a result (stage "publish")
     └── ConfigurationError      settings or environment that cannot work; says what to do
-        └── BrokerUnavailable   no broker answers at the configured address
+        ├── BrokerUnavailable   no broker answers at the configured address
+        └── AuthenticationFailed  the broker refused the credentials, or TLS failed
 
 Third-party exceptions are wrapped at the edge with ``raise ... from exc`` so
 that the stages catch only these types.
@@ -21,6 +22,7 @@ that the stages catch only these types.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationFailed",
     "BrokerUnavailable",
     "CircuitOpenError",
     "ConfigurationError",
@@ -98,3 +100,8 @@ class ConfigurationError(PipelineError):
 
 class BrokerUnavailable(ConfigurationError):
     """No Kafka broker answers at the configured bootstrap address."""
+
+
+class AuthenticationFailed(ConfigurationError):
+    """The broker refused this client's SASL credentials, or the TLS handshake
+    failed; retrying cannot help, so clients raise it at once instead of timing out."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from pipeline.errors import BrokerUnavailable, ConfigurationError
+from pipeline.errors import ConfigurationError
+from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import Settings, TopicSettings
 
 __all__ = ["admin_client", "create_topics", "topic_specs"]
 
 
-def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+def admin_client(settings: Settings, watch: AuthWatch | None = None) -> AdminClient:
+    """An admin client that connects as every other client does (``pipeline.security``)."""
+    return AdminClient(client_config(settings, watch))
 
 
 def topic_specs(
@@ -46,14 +48,9 @@ def create_topics(
     co-partitioned with the dedupe table); a mismatch raises
     ConfigurationError saying what to fix.
     """
-    admin = admin_client(settings)
-    try:
-        admin.list_topics(timeout=min(timeout_s, 10))
-    except KafkaException as exc:
-        raise BrokerUnavailable(
-            f"no broker at {settings.kafka.bootstrap_servers} ({exc}); start one with "
-            "`pipeline kafka up` or set PIPELINE_KAFKA_BOOTSTRAP_SERVERS"
-        ) from exc
+    watch = AuthWatch(settings)
+    admin = admin_client(settings, watch)
+    connect(admin, watch, min(timeout_s, 10))
     specs = topic_specs(settings.topics, partitions=partitions, replication=replication)
     status: dict[str, str] = {}
     for name, fut in admin.create_topics(specs, request_timeout=timeout_s).items():

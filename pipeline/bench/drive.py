@@ -22,6 +22,7 @@ from pipeline.bench.workload import BenchRequest
 from pipeline.client import RequestProducer, request_bytes
 from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.errors import DecodeError
+from pipeline.security import client_config
 from pipeline.settings import LANES, Settings
 
 __all__ = ["Collector", "floor_loop", "send", "wall_ms"]
@@ -44,7 +45,7 @@ class Collector:
         self._lane_of = {topics.lane_topic(lane): lane for lane in LANES}
         self._consumer = Consumer(
             {
-                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                **client_config(settings),
                 "group.id": f"pipeline-bench-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 10,
@@ -158,13 +159,12 @@ def floor_loop(settings: Settings, texts: Sequence[str], *, timeout_s: float = 3
     (first poll to the last acknowledgement)."""
     topics = settings.topics
     lane_topic = topics.lane_topic("standard")
-    boot = settings.kafka.bootstrap_servers
     with RequestProducer(settings, source="pipeline bench") as producer:
         for text in texts:
             producer.send_raw("standard", None, request_bytes(text)[1])
     consumer = Consumer(
         {
-            "bootstrap.servers": boot,
+            **client_config(settings),
             "group.id": f"pipeline-bench-floor-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
         }
@@ -172,7 +172,7 @@ def floor_loop(settings: Settings, texts: Sequence[str], *, timeout_s: float = 3
     consumer.assign(
         [TopicPartition(lane_topic, p, OFFSET_BEGINNING) for p in range(topics.partitions)]
     )
-    out = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5})
+    out = Producer({**client_config(settings), "acks": "all", "linger.ms": 5})
     seen = 0
     start = time.monotonic()
     try:

@@ -32,6 +32,7 @@ from pipeline.bench.modes import WORKER_MODES, Deployment, mode_env, model_setti
 from pipeline.bench.stats import ProcProbe, batch_stats, metric_total, scrape, summarize
 from pipeline.bench.workload import WorkloadSpec, generate
 from pipeline.client import RequestProducer
+from pipeline.security import security_env
 from pipeline.settings import LANES, Settings
 from pipeline.topics import create_topics
 
@@ -182,7 +183,9 @@ def _worker_mode(
         extra["PIPELINE_MODEL_DEVICE"] = config.device
     if settings.model.path:
         extra["PIPELINE_MODEL_PATH"] = settings.model.path
-    dep = Deployment(mode, bootstrap=bootstrap, out=config.out, extra_env=extra)
+    # The security variables go to the worker but not into the report (``extra``).
+    env = {**extra, **security_env(settings)}
+    dep = Deployment(mode, bootstrap=bootstrap, out=config.out, extra_env=env)
     _say(f"{mode}: starting a worker (topics {dep.settings.topics.prefix}*, log {dep.log_path})")
     phases: list[dict[str, Any]] = []
     sampler = None
@@ -221,11 +224,12 @@ def _worker_mode(
     }
 
 
-def _floor(config: BenchConfig, bootstrap: str) -> dict[str, Any]:
+def _floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     env = {
         "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "PIPELINE_TOPICS_PREFIX": f"bench-floor-{tag}.",
+        **security_env(settings),
     }
     settings = Settings.from_env(env)
     create_topics(settings)
@@ -266,7 +270,7 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
             if mode == "adaptive" and base_rate is None:
                 base_rate = modes[mode]["phases"][0]["throughput"]
         elif mode == "floor":
-            modes["floor"] = _floor(config, bootstrap)
+            modes["floor"] = _floor(config, bootstrap, settings)
     shutil.rmtree(config.out / "work", ignore_errors=True)  # RocksDB folders and worker logs
     return {
         "config": {

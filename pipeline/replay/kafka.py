@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from tqdm import tqdm
 
 from pipeline.errors import BrokerUnavailable, ConfigurationError
+from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import Settings
 
 __all__ = ["ReplayKafka", "headers_of", "position_of"]
@@ -38,7 +39,8 @@ class ReplayKafka:
     def __init__(self, settings: Settings, *, group: str, connect_timeout_s: float) -> None:
         self.bootstrap = settings.kafka.bootstrap_servers
         self.timeout = connect_timeout_s
-        base = {"bootstrap.servers": self.bootstrap, "log_level": 0}
+        self.watch = AuthWatch(settings)
+        base = {**client_config(settings, self.watch), "log_level": 0}
         self.conf = {**base, "client.id": settings.kafka.client_id + "-replay"}
         self.consumer = Consumer(
             {
@@ -51,15 +53,12 @@ class ReplayKafka:
         try:
             self.topics: dict[str, int] = {
                 name: len(meta.partitions)
-                for name, meta in self.consumer.list_topics(timeout=self.timeout).topics.items()
+                for name, meta in connect(self.consumer, self.watch, self.timeout).topics.items()
                 if meta.error is None
             }
-        except KafkaException as exc:
+        except ConfigurationError:  # BrokerUnavailable, AuthenticationFailed
             self.consumer.close()
-            raise BrokerUnavailable(
-                f"no broker answered at {self.bootstrap} within {self.timeout:.0f} s ({exc}); "
-                "start one with `pipeline kafka up` or set PIPELINE_KAFKA_BOOTSTRAP_SERVERS"
-            ) from exc
+            raise
 
     def require(self, topic: str, what: str) -> int:
         if topic not in self.topics:
