@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -40,10 +41,11 @@ _SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{cport}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners={listeners},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners={listeners}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,\
+SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
 log.dirs={logs}
 num.partitions=1
@@ -54,6 +56,41 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 """
+
+_SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+
+
+def _pem_inline(path: str) -> str:
+    """A PEM file as one properties value (``\\n`` escapes stand for the newlines)."""
+    return Path(path).expanduser().read_text().strip().replace("\n", "\\n")
+
+
+def _listener_properties(s: LocalKafkaSettings) -> dict[str, str]:
+    """The extra SASL_PLAINTEXT / SASL_SSL listeners' properties (none when off)."""
+    listeners = (("SASL_PLAINTEXT", s.sasl_port), ("SASL_SSL", s.tls_port))
+    names = [name for name, port in listeners if port]
+    if not names:
+        return {}
+    plain_users = " ".join(f'user_{name}="{pw}"' for name, pw in s.user_list())
+    props = {"sasl.enabled.mechanisms": ",".join(("PLAIN", *_SCRAM_MECHANISMS))}
+    for name in names:
+        prefix = f"listener.name.{name.lower()}."
+        props[prefix + "plain.sasl.jaas.config"] = f"{_PLAIN_MODULE} {plain_users};"
+        for mechanism in _SCRAM_MECHANISMS:
+            props[prefix + mechanism.lower() + ".sasl.jaas.config"] = _SCRAM_MODULE
+    if s.tls_port:
+        prefix = "listener.name.sasl_ssl."
+        props[prefix + "ssl.keystore.type"] = "PEM"
+        props[prefix + "ssl.keystore.certificate.chain"] = _pem_inline(s.tls_cert_file)
+        props[prefix + "ssl.keystore.key"] = _pem_inline(s.tls_key_file)
+        if s.tls_ca_file:
+            props[prefix + "ssl.truststore.type"] = "PEM"
+            props[prefix + "ssl.truststore.certificates"] = _pem_inline(s.tls_ca_file)
+            props[prefix + "ssl.client.auth"] = "required"
+    return props
+
 
 _LOG4J2 = """\
 # Written by pipeline.kafka_local: WARN and above, to {log}.
@@ -70,6 +107,13 @@ rootLogger.appenderRef.file.ref = FILE
 
 
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+#: Run as ``python -c`` by ``_wait_ready``: exits 0 once the broker answers metadata.
+_METADATA_CHECK = """\
+import sys
+from confluent_kafka.admin import AdminClient
+AdminClient({"bootstrap.servers": sys.argv[1], "log_level": 0}).list_topics(timeout=5)
+"""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -132,7 +176,28 @@ class LocalKafka:
 
     @property
     def bootstrap(self) -> str:
+        """The PLAINTEXT listener (always there; also the brokers' own)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        """The SASL_PLAINTEXT listener, when ``sasl_port`` is set."""
+        return f"127.0.0.1:{self.settings.sasl_port}" if self.settings.sasl_port else None
+
+    @property
+    def tls_bootstrap(self) -> str | None:
+        """The SASL_SSL listener, when ``tls_port`` is set."""
+        return f"127.0.0.1:{self.settings.tls_port}" if self.settings.tls_port else None
+
+    def _server_properties(self, logs: Path) -> str:
+        s = self.settings
+        extra = [("SASL_PLAINTEXT", s.sasl_port), ("SASL_SSL", s.tls_port)]
+        listeners = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        listeners += [f"{name}://127.0.0.1:{port}" for name, port in extra if port]
+        text = _SERVER_PROPERTIES.format(
+            listeners=",".join(listeners), cport=self.controller_port, logs=logs
+        )
+        return text + "".join(f"{k}={v}\n" for k, v in _listener_properties(s).items())
 
     # -- jars ---------------------------------------------------------------
 
@@ -201,7 +266,8 @@ class LocalKafka:
                 self._wait_ready(pid)
                 return self.bootstrap
             self.pid_file.unlink(missing_ok=True)
-            for port in (self.port, self.controller_port):
+            s = self.settings
+            for port in filter(None, (self.port, self.controller_port, s.sasl_port, s.tls_port)):
                 if _port_in_use(port):
                     raise ConfigurationError(
                         f"port {port} on 127.0.0.1 is taken by another process; stop it or "
@@ -212,9 +278,9 @@ class LocalKafka:
             config = self.data_dir / "server.properties"
             log4j = self.data_dir / "log4j2.properties"
             logs = self.data_dir / "logs"
-            config.write_text(
-                _SERVER_PROPERTIES.format(port=self.port, cport=self.controller_port, logs=logs)
-            )
+            config.touch(mode=0o600)  # it may hold PLAIN passwords and the TLS key
+            config.chmod(0o600)
+            config.write_text(self._server_properties(logs))
             log4j.write_text(_LOG4J2.format(log=self.log_file))
             base = [java, f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{lib}/*"]
             if not (logs / "meta.properties").exists():
@@ -228,6 +294,9 @@ class LocalKafka:
                     "-c",
                     str(config),
                 ]
+                for name, password in s.user_list():
+                    for mechanism in _SCRAM_MECHANISMS:
+                        cmd += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise ConfigurationError(
@@ -279,6 +348,8 @@ class LocalKafka:
             "running": pid is not None,
             "pid": pid,
             "bootstrap": self.bootstrap,
+            "sasl_bootstrap": self.sasl_bootstrap,
+            "tls_bootstrap": self.tls_bootstrap,
             "answering": pid is not None and _port_open(self.port),
             "data_dir": str(self.data_dir),
             "version": self.settings.version,
@@ -317,11 +388,13 @@ class LocalKafka:
         return java
 
     def _wait_ready(self, pid: int) -> None:
-        """Poll until the broker answers a metadata request, or fail with its log."""
-        from confluent_kafka.admin import AdminClient
+        """Poll until the broker answers a metadata request, or fail with its log.
 
+        The request is made by a child process: librdkafka can abort the process
+        that polls a broker while it restarts (seen in the fault tests), and that
+        must never take the caller down. Every wait is bounded by the deadline.
+        """
         deadline = time.monotonic() + self.settings.start_timeout_s
-        admin: Any = None
         while time.monotonic() < deadline:
             if not _pid_alive(pid):
                 raise BrokerUnavailable(
@@ -329,13 +402,12 @@ class LocalKafka:
                     f"{self.log_file} ends with:\n{self.log_tail()}"
                 )
             if _port_open(self.port):
-                if admin is None:
-                    admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-                try:
-                    admin.list_topics(timeout=2)
-                    return
-                except Exception:
-                    pass
+                timeout = max(1.0, min(20.0, deadline - time.monotonic()))
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    check = [sys.executable, "-c", _METADATA_CHECK, self.bootstrap]
+                    done = subprocess.run(check, capture_output=True, timeout=timeout, check=False)
+                    if done.returncode == 0:
+                        return
             time.sleep(0.25)
         raise BrokerUnavailable(
             f"the broker did not answer on {self.bootstrap} within "
