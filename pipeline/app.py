@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import weakref
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -29,8 +30,9 @@ from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.publish import Origin, Publisher
-from pipeline.security import client_config, faust_credentials
+from pipeline.security import faust_credentials
 from pipeline.settings import LANES, Settings
+from pipeline.start_offsets import StartOffsets
 from pipeline.worker import Incoming, Runtime, wall_ms
 
 __all__ = ["app", "create_app", "settings"]
@@ -93,10 +95,19 @@ def create_app(settings: Settings) -> faust.App:
         # to whoever gets the partition, so stop tracking it here.
         for tp in revoked:
             holder.continuity.forget(tp)
+            holder.start_offsets.forget((tp.topic, tp.partition))
             if holder.runtime is not None:
                 holder.runtime.forget_partition(tp.topic, tp.partition)
 
-    _no_gaps_on(frozenset(topic.get_topic_name() for topic in lane_topics.values()))
+    lane_names = frozenset(topic.get_topic_name() for topic in lane_topics.values())
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def _look_up_starts(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        holder.start_offsets.prefetch(
+            (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
+        )
+
+    _no_gaps_on(lane_names)
 
     return app
 
@@ -105,12 +116,20 @@ _ORIGINAL_ADD_GAP = Consumer._add_gap
 
 
 def _no_gaps_on(topics: frozenset[str]) -> None:
-    """Stop Faust from treating skipped offsets of ``topics`` as acknowledged.
+    """Stop Faust from treating skipped offsets of ``topics`` as acknowledged, or
+    from dropping records of ``topics`` that were sought back for.
 
     Faust fills a jump in offsets with a "gap" that counts as acked and is
     committed past; on the lane topics a jump means records were skipped
     (see continuity.py), so the jump must hold the commit back instead.
     Real holes are added explicitly by the agent once confirmed.
+
+    Faust also drops a fetched record below the partition's "read offset". A
+    seek lowers that offset, but the fetch loop raises it again when it resumes
+    after handing over the record that prompted the seek, so the records sought
+    back for were dropped once more: the partition stalled, or the hole passed
+    for real and was committed past (the fault tests saw both). On the lane
+    topics no record is dropped this way; the agent judges offsets itself.
     """
 
     async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
@@ -118,7 +137,17 @@ def _no_gaps_on(topics: frozenset[str]) -> None:
             return
         await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
 
+    class ReadOffsets(defaultdict[Any, int | None]):
+        def __getitem__(self, tp: Any) -> int | None:
+            return None if tp.topic in topics else super().__getitem__(tp)
+
+    def set_read_offsets(self: Any, offsets: Any) -> None:
+        self.__dict__["_read_offset"] = ReadOffsets(lambda: None, offsets)
+
     Consumer._add_gap = add_gap  # type: ignore[method-assign]
+    Consumer._read_offset = property(  # type: ignore[assignment]
+        lambda self: self.__dict__["_read_offset"], set_read_offsets
+    )
 
 
 class _RuntimeHolder(Service):
@@ -136,6 +165,7 @@ class _RuntimeHolder(Service):
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
         self.continuity = Continuity()
+        self.start_offsets = StartOffsets(settings)
         super().__init__()
 
     async def on_start(self) -> None:
@@ -244,28 +274,6 @@ def _in_event_context(token: Any, fn: Callable[[], None]) -> None:
         _current_event.reset(reset)
 
 
-def _start_offset(settings: Settings, topic: str, partition: int) -> int | None:
-    """Where the group's reading of a partition starts: its committed offset, else the
-    log's first offset. None when the broker cannot tell (then no check at the start)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
-
-    try:
-        admin = AdminClient(client_config(settings))
-        tp = TopicPartition(topic, partition)
-        group = ConsumerGroupTopicPartitions(settings.worker.app_id, [tp])
-        (fut,) = admin.list_consumer_group_offsets([group]).values()
-        committed = fut.result(timeout=10).topic_partitions[0].offset
-        if committed >= 0:
-            return int(committed)
-        earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-        (low,) = admin.list_offsets({tp: earliest}).values()
-        return int(low.result(timeout=10).offset)
-    except Exception as exc:  # best effort: the in-stream check still runs
-        log.warning("could not read the start offset of %s[%d]: %s", topic, partition, exc)
-        return None
-
-
 def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
     async def consume(stream: Any) -> None:
         await holder.ready.wait()
@@ -275,9 +283,7 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
         async for event in manual.events():
             msg = event.message
             if not holder.continuity.knows(msg.tp):
-                start = await asyncio.get_running_loop().run_in_executor(
-                    None, _start_offset, holder.settings, msg.topic, msg.partition
-                )
+                start = await holder.start_offsets.get((msg.topic, msg.partition))
                 if start is not None:
                     holder.continuity.start_at(msg.tp, start)
             verdict = holder.continuity.check(msg.tp, msg.offset)

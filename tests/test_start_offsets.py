@@ -1,0 +1,65 @@
+"""StartOffsets against a real broker: committed offsets, else the log's start."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pipeline.settings import Settings
+from pipeline.start_offsets import StartOffsets
+
+pytestmark = pytest.mark.kafka
+
+
+def test_committed_offset_else_log_start_in_one_lookup(
+    kafka_bootstrap: str,
+    kafka_admin: AdminClient,
+    topic_factory: Callable[..., str],
+    settings_for: Callable[..., Settings],
+) -> None:
+    topic = topic_factory("starts", partitions=3)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(12):
+        producer.produce(topic, value=b"x", partition=i % 3)
+    producer.flush(30)
+    # Records 0..1 of partition 2 are deleted: its log starts at 2.
+    kafka_admin.delete_records([TopicPartition(topic, 2, 2)])[TopicPartition(topic, 2, 2)].result(
+        timeout=30
+    )
+    group = f"starts-{uuid.uuid4().hex[:8]}"
+    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    for attempt in range(40):  # a fresh broker's group coordinator takes a moment
+        try:
+            committer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+            break
+        except KafkaException:
+            if attempt == 39:
+                raise
+            time.sleep(0.5)
+    committer.close()
+
+    base = settings_for()
+    settings = base.replace(worker=dataclasses.replace(base.worker, app_id=group))
+    starts = StartOffsets(settings)
+
+    async def lookup() -> list[int | None]:
+        starts.prefetch([(topic, 0), (topic, 1), (topic, 2)])
+        return [await starts.get((topic, p)) for p in range(3)]
+
+    assert asyncio.run(lookup()) == [3, 0, 2]
+
+
+def test_an_unreachable_broker_gives_none_not_an_error(
+    settings_for: Callable[..., Settings],
+) -> None:
+    base = settings_for()
+    settings = base.replace(kafka=dataclasses.replace(base.kafka, bootstrap_servers="127.0.0.1:1"))
+    starts = StartOffsets(settings, timeout_s=1.0)
+    assert asyncio.run(starts.get(("nowhere", 0))) is None
