@@ -165,6 +165,9 @@ class PipelineMetrics:
         self._shed = gauge("pipeline_shed_level")
         self._model = Info("pipeline_model", h["pipeline_model"], registry=r)
         self._lock = threading.Lock()  # guards the breaker's one-hot update
+        # Labelled children by (family, label values): ``labels()`` costs a few
+        # microseconds per call, paid several times for every event otherwise.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
         for lane in LANES:
             for child in (self._received, self._expired, self._missed):
@@ -184,11 +187,19 @@ class PipelineMetrics:
         for direction in ("grow", "shrink"):
             self._budget_changes.labels(direction=direction)
 
+    def _child(self, family: Any, *values: str) -> Any:
+        """``family.labels(*values)``, looked up once per label set."""
+        key = (id(family), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*values)
+        return child
+
     # -- requests ---------------------------------------------------------
 
     def arrived(self, lane: str) -> None:
         """One record consumed from ``lane``'s topic (valid or not)."""
-        self._received.labels(lane=lane).inc()
+        self._child(self._received, lane).inc()
 
     def completed(
         self, lane: str, served: str, latency_s: float | None = None, *, late: bool = False
@@ -200,19 +211,19 @@ class PipelineMetrics:
         is the request's age at publication (created to completed);
         ``late`` says it missed its deadline (counted by :meth:`deadline_missed`).
         """
-        self._completed.labels(lane=lane, served=served).inc()
+        self._child(self._completed, lane, served).inc()
         if served != "computed":
-            self._dedupe.labels(level=served).inc()
+            self._child(self._dedupe, served).inc()
         if latency_s is not None:
-            self._latency.labels(lane=lane).observe(max(0.0, latency_s))
+            self._child(self._latency, lane).observe(max(0.0, latency_s))
         if late:
             self.deadline_missed(lane)
 
     def dead_letter(self, stage: str, lane: str) -> None:
         """One dead letter published; stage ``expired`` also counts as expired."""
-        self._dead.labels(stage=stage, lane=lane).inc()
+        self._child(self._dead, stage, lane).inc()
         if stage == "expired":
-            self._expired.labels(lane=lane).inc()
+            self._child(self._expired, lane).inc()
 
     def expired(self, lane: str) -> None:
         """A request dropped because its deadline passed, when not counted by
@@ -221,7 +232,7 @@ class PipelineMetrics:
 
     def deadline_missed(self, lane: str) -> None:
         """A result published after its request's deadline (lanes that run late)."""
-        self._missed.labels(lane=lane).inc()
+        self._child(self._missed, lane).inc()
 
     def dedupe_hit(self, level: str) -> None:
         """A request answered without the model, when not counted by :meth:`completed`."""
@@ -229,7 +240,7 @@ class PipelineMetrics:
 
     def wait(self, lane: str, seconds: float) -> None:
         """How long one request waited between arrival and its batch's dispatch."""
-        self._wait.labels(lane=lane).observe(max(0.0, seconds))
+        self._child(self._wait, lane).observe(max(0.0, seconds))
 
     # -- batches ----------------------------------------------------------
 
@@ -242,7 +253,7 @@ class PipelineMetrics:
         reason: str = "window",
     ) -> None:
         """One model batch finished: its requests, tokens, run time and why it was sent."""
-        self._batches.labels(reason=reason).inc()
+        self._child(self._batches, reason).inc()
         self._batch_size.observe(size)
         self._batch_latency.observe(max(0.0, latency_s))
         if padded_tokens > 0:
