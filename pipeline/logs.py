@@ -9,6 +9,12 @@ Payloads reach a log record only as ``extra`` fields named in
 replaces them with their length unless payload logging was asked for
 (``PIPELINE_WORKER_LOG_PAYLOADS``). Message strings themselves never carry a
 request's text: log ids, topics and offsets, not content.
+
+A :class:`RepeatFilter` keeps a failing dependency from flooding the log:
+while the broker is down, aiokafka logs the same few errors thousands of
+times a minute. Warnings and errors of one kind (logger, level, message
+template) pass at most ``burst`` times per window; the next one let through
+says how many were held back.
 """
 
 from __future__ import annotations
@@ -18,12 +24,19 @@ import json
 import logging
 import socket
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.settings import LogSettings
 
-__all__ = ["PAYLOAD_FIELDS", "JsonFormatter", "PayloadFilter", "configure_logging"]
+__all__ = [
+    "PAYLOAD_FIELDS",
+    "JsonFormatter",
+    "PayloadFilter",
+    "RepeatFilter",
+    "configure_logging",
+]
 
 #: ``extra`` fields that may hold request content; redacted unless allowed.
 PAYLOAD_FIELDS = frozenset({"text", "texts", "payload", "value", "key", "embedding"})
@@ -58,6 +71,55 @@ class PayloadFilter(logging.Filter):
                 if not (isinstance(value, str) and value.startswith("<redacted")):
                     record.__dict__[name] = _redacted(value)
         return True
+
+
+class RepeatFilter(logging.Filter):
+    """Passes at most ``burst`` records of one kind per ``window_s``, at ``level`` and
+    above (lower levels always pass). A kind is (logger, level, message template).
+
+    The first record of a kind let through after some were held back ends with
+    ``(N like this held back)``; a flood that simply stops is not summarised.
+    """
+
+    _MAX_KINDS = 1000  # kinds remembered; older windows are forgotten past this
+
+    def __init__(
+        self,
+        burst: int = 5,
+        window_s: float = 10.0,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.burst, self.window_s, self.level, self._clock = burst, window_s, level, clock
+        # kind -> [window start, records passed in it, records held back]
+        self._kinds: dict[tuple[str, int, str], list[float]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.level:
+            return True
+        now = self._clock()
+        kind = (record.name, record.levelno, str(record.msg))
+        state = self._kinds.get(kind)
+        if state is None or now - state[0] >= self.window_s:
+            held = int(state[2]) if state is not None else 0
+            if state is None and len(self._kinds) >= self._MAX_KINDS:
+                self._forget(now)
+            self._kinds[kind] = [now, 1, 0]
+            if held:
+                record.msg = f"{record.msg} ({held} like this held back)"
+            return True
+        if state[1] < self.burst:
+            state[1] += 1
+            return True
+        state[2] += 1
+        return False
+
+    def _forget(self, now: float) -> None:
+        for kind in [k for k, v in self._kinds.items() if now - v[0] >= self.window_s]:
+            del self._kinds[kind]
+        if len(self._kinds) >= self._MAX_KINDS:
+            self._kinds.clear()
 
 
 class JsonFormatter(logging.Formatter):
@@ -97,8 +159,9 @@ def configure_logging(
     static: Mapping[str, Any] | None = None,
     root: logging.Logger | None = None,
 ) -> logging.Formatter:
-    """Install the formatter of ``settings.format`` and a :class:`PayloadFilter`
-    on every handler of ``root`` (the root logger by default); idempotent.
+    """Install the formatter of ``settings.format``, a :class:`RepeatFilter` and a
+    :class:`PayloadFilter` on every handler of ``root`` (the root logger by
+    default); idempotent.
 
     ``static`` fields (e.g. ``{"app": app_id}``) go into every JSON line;
     ``host`` is always there. Returns the formatter installed.
@@ -115,7 +178,8 @@ def configure_logging(
         root.addHandler(logging.StreamHandler(sys.stderr))
     for handler in root.handlers:
         handler.setFormatter(formatter)
-        for old in [f for f in handler.filters if isinstance(f, PayloadFilter)]:
+        for old in [f for f in handler.filters if isinstance(f, PayloadFilter | RepeatFilter)]:
             handler.removeFilter(old)
+        handler.addFilter(RepeatFilter())
         handler.addFilter(PayloadFilter(allow_payloads))
     return formatter

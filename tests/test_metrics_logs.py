@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from pipeline.errors import ConfigurationError
-from pipeline.logs import JsonFormatter, PayloadFilter, configure_logging
+from pipeline.logs import JsonFormatter, PayloadFilter, RepeatFilter, configure_logging
 from pipeline.settings import LogSettings, Settings
 
 
@@ -118,3 +118,32 @@ def test_log_settings_from_env() -> None:
         Settings.from_env({"PIPELINE_LOG_FORMAT": "xml"})
     with pytest.raises(ConfigurationError, match="PIPELINE_LOG_LEVEL"):
         Settings.from_env({"PIPELINE_LOG_LEVEL": "loud"})
+
+
+def test_repeated_warnings_are_held_back_and_counted() -> None:
+    now = [0.0]
+    repeat = RepeatFilter(burst=2, window_s=10.0, clock=lambda: now[0])
+
+    def record(level: int, msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("aiokafka", level, "p", 1, msg, args, None)
+
+    flood = [record(logging.ERROR, "Unable connect to node with id %s", i) for i in range(50)]
+    assert [repeat.filter(r) for r in flood].count(True) == 2
+    assert repeat.filter(record(logging.ERROR, "another kind"))
+    assert all(repeat.filter(record(logging.INFO, "Unable connect to node with id %s", 1))
+               for _ in range(10)), "info lines are never held back"
+    now[0] = 10.0
+    later = record(logging.ERROR, "Unable connect to node with id %s", 7)
+    assert repeat.filter(later)
+    assert later.getMessage() == "Unable connect to node with id 7 (48 like this held back)"
+
+
+def test_configure_logging_installs_the_repeat_filter_once(
+    root: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = root
+    configure_logging(LogSettings(format="text"), root=logger)
+    configure_logging(LogSettings(format="text"), root=logger)
+    for _ in range(20):
+        logger.warning("broker down")
+    assert stream.getvalue().count("broker down") == 5
