@@ -232,6 +232,26 @@ def test_help_and_panel_listing() -> None:
     assert "no panel titled ['Queue dept']" in typo.output and "Queue depth by lane" in typo.output
 
 
+def test_scenario_plays_each_phase_at_its_rate_with_the_burst_at_the_overload() -> None:
+    from pipeline.dashboard.record import Scenario
+
+    scenario = Scenario(healthy_s=20, overload_s=10, recovery_s=20, rate=5, overload_rate=20,
+                        burst=50, realtime_share=0.5)  # fmt: skip
+    workload = scenario.workload()
+    assert workload == scenario.workload()  # seeded
+    assert [r.index for r in workload] == list(range(len(workload)))
+    offsets = [r.offset_ms for r in workload]
+    assert offsets == sorted(offsets) and offsets[-1] < 50_000
+    at_burst = [r for r in workload if r.offset_ms == 20_000.0]
+    assert len(at_burst) >= 50 and {r.lane for r in at_burst[-50:]} <= {"standard", "bulk"}
+    healthy = sum(1 for r in workload if r.offset_ms < 20_000)
+    overload = sum(1 for r in workload if 20_000 <= r.offset_ms < 30_000) - 50
+    assert 60 <= healthy <= 100 and 150 <= overload <= 200  # ~100 and ~200 expected
+    realtime = sum(1 for r in workload if r.lane == "realtime")
+    assert 0.35 < realtime / (len(workload) - 50) < 0.65
+    assert [name for _, _, name in scenario.phases()] == ["healthy", "overload", "recovery"]
+
+
 # -- a real run ----------------------------------------------------------------
 
 
@@ -261,6 +281,7 @@ def test_record_draws_a_real_worker_run(kafka_bootstrap: str, tmp_path: Path) ->
     assert sum(latency.values()) > 0, run.curves.series
     depth = finite("Queue depth by lane")
     assert all(depth.get(lane, 0) >= 5 for lane in ("realtime", "standard", "bulk")), depth
-    assert [name for _, _, name in run.curves.phases] == ["healthy", "overload", "recovery"]
+    names = [name for _, _, name in run.curves.phases]
+    assert names == ["healthy", "overload", "recovery", "no new traffic"]
     png = render(panels, run.curves)
     assert png.startswith(b"\x89PNG")

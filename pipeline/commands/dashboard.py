@@ -219,12 +219,14 @@ def _write(out: Path, png: bytes) -> None:
 @click.option("--healthy", type=click.FloatRange(1), default=40.0, show_default=True,
               help="Seconds of steady mixed traffic first.")  # fmt: skip
 @click.option("--overload", type=click.FloatRange(1), default=40.0, show_default=True,
-              help="Seconds of the overload phase (a burst, the stream goes on).")  # fmt: skip
+              help="Seconds of the overload phase (a burst, a faster stream).")  # fmt: skip
 @click.option("--recovery", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Seconds of steady traffic after the overload phase.")  # fmt: skip
 @click.option("--rate", type=click.FloatRange(0.1), default=4.0, show_default=True,
               help="Requests/s of the steady mixed stream (open-loop Poisson).")  # fmt: skip
-@click.option("--realtime-share", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+@click.option("--overload-rate", type=click.FloatRange(0.1), default=12.0, show_default=True,
+              help="Requests/s of the stream during the overload phase.")  # fmt: skip
+@click.option("--realtime-share", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Share of the stream on the realtime lane; the rest is 60 % standard, "
               "40 % bulk.")  # fmt: skip
 @click.option("--burst", type=click.IntRange(0), default=800, show_default=True,
@@ -251,6 +253,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     overload: float,
     recovery: float,
     rate: float,
+    overload_rate: float,
     realtime_share: float,
     burst: int,
     queue_size: int,
@@ -269,8 +272,8 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     Starts a real worker (its own topics on the broker, load shedding on), a
     Prometheus (the `prometheus` binary on PATH) scraping it every second, and
     plays seeded traffic: --healthy seconds at --rate, then --burst requests at
-    once while the stream goes on (--overload), then --recovery seconds of the
-    stream alone; waits for every answer, then draws the panels. Without
+    once and --overload seconds at --overload-rate, then --recovery seconds at
+    --rate; waits for every answer, then draws the panels. Without
     --bootstrap the local broker is started (or reused) as by `pipeline kafka
     up`, and stopped afterwards if this command started it. About 3-5 minutes
     with the defaults on 2 CPU cores.
@@ -296,6 +299,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         overload_s=overload,
         recovery_s=recovery,
         rate=rate,
+        overload_rate=overload_rate,
         realtime_share=realtime_share,
         burst=burst,
         queue_size=queue_size,

@@ -6,16 +6,16 @@ broker at ``bootstrap``, a :class:`~pipeline.dashboard.prometheus.LocalPrometheu
 scraping its ``/metrics`` every second, then plays a :class:`Scenario`:
 
 1. ``healthy``: open-loop Poisson traffic at ``rate`` requests/s, mixed lanes
-   (``realtime_share`` realtime: enough realtime answers for load shedding
-   to judge, ``PIPELINE_DEGRADE_MIN_SAMPLES`` per window);
-2. ``overload``: ``burst`` standard and bulk requests at once, while the
-   mixed stream goes on (queues fill, lanes pause, realtime misses its
+   (``realtime_share`` of it realtime);
+2. ``overload``: ``burst`` standard and bulk requests at once, and the
+   stream at ``overload_rate`` (queues fill, lanes pause, realtime misses its
    deadline, load is shed);
 3. ``recovery``: the mixed stream alone, until the backlog is gone.
 
 It waits for every request's answer (result or dead letter; at most
-``answer_timeout_s``), keeps scraping ``tail_s`` more, then reads the panels'
-curves through ``query_range`` and stops what it started. The traffic is the
+``answer_timeout_s``; the curves name that span "no new traffic"), keeps
+scraping ``tail_s`` more, then reads the panels' curves through
+``query_range`` and stops what it started. The traffic is the
 benchmark's seeded workload (``pipeline.bench.workload``), sent and collected
 with the benchmark's tools, so the same scenario gives the same requests.
 """
@@ -49,8 +49,9 @@ class Scenario:
     overload_s: float = 40.0
     recovery_s: float = 60.0
     rate: float = 4.0
+    overload_rate: float = 12.0
     burst: int = 800
-    realtime_share: float = 0.6  # of the stream; the rest is 60 % standard, 40 % bulk
+    realtime_share: float = 0.25  # of the stream; the rest is 60 % standard, 40 % bulk
     dup_rate: float = 0.2
     seed: int = 7
     queue_size: int = 128
@@ -69,25 +70,28 @@ class Scenario:
         return (self.realtime_share, 0.6 * rest, 0.4 * rest)
 
     def workload(self) -> list[BenchRequest]:
-        """The requests in send order: the mixed stream with the burst at ``healthy_s``."""
-        total = self.healthy_s + self.overload_s + self.recovery_s
-        stream = generate(
-            WorkloadSpec(
-                n=max(1, round(self.rate * total)),
-                seed=self.seed,
-                rate=self.rate,
+        """The requests in send order: the stream at each phase's rate, and the burst
+        (standard and bulk only) at the start of the overload."""
+        merged: list[BenchRequest] = []
+        rates = (self.rate, self.overload_rate, self.rate)
+        for k, ((a, b, _name), rate) in enumerate(zip(self.phases(), rates, strict=True)):
+            spec = WorkloadSpec(
+                n=max(1, round(rate * (b - a))),
+                seed=self.seed + k,
+                rate=rate,
                 dup_rate=self.dup_rate,
                 lane_mix=self.lane_mix(),
             )
-        )
-        burst = generate(
-            WorkloadSpec(
-                n=self.burst, seed=self.seed + 1, dup_rate=self.dup_rate, lane_mix=(0, 0.6, 0.4)
-            )
+            merged += [
+                dataclasses.replace(r, offset_ms=a * 1000.0 + r.offset_ms)
+                for r in generate(spec)
+                if r.offset_ms < (b - a) * 1000.0
+            ]
+        burst = WorkloadSpec(
+            n=self.burst, seed=self.seed + 10, dup_rate=self.dup_rate, lane_mix=(0, 0.6, 0.4)
         )
         at = self.healthy_s * 1000.0
-        merged = [r for r in stream if r.offset_ms < total * 1000.0]
-        merged += [dataclasses.replace(r, offset_ms=at) for r in burst]
+        merged += [dataclasses.replace(r, offset_ms=at) for r in generate(burst)]
         merged.sort(key=lambda r: r.offset_ms)  # stable: the burst stays in its own order
         return [dataclasses.replace(r, index=i) for i, r in enumerate(merged)]
 
@@ -150,7 +154,9 @@ def record(
             step_s=step_s,
             rate_interval=interval,
         )
-        curves = dataclasses.replace(curves, phases=scenario.phases())
+        phases = scenario.phases()
+        phases.append((phases[-1][1], end - start, "no new traffic"))
+        curves = dataclasses.replace(curves, phases=phases)
     finally:
         prometheus.stop()
         dep.stop()

@@ -101,7 +101,9 @@ def dump(curves: Curves, path: Path) -> Path:
         return value
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(clean(asdict(curves)), indent=1) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps(clean(asdict(curves)), separators=(",", ":")) + "\n", encoding="utf-8"
+    )
     return path
 
 
