@@ -7,12 +7,17 @@ consumer then treats the skipped offsets as a "gap" (as if they did not exist)
 and commits past them; the fault tests saw hundreds of requests committed
 without any answer after worker restarts under load.
 
-So the worker (1) tells Faust's consumer not to fill gaps on lane topics
-(``app.py``), and (2) checks every lane record against the next offset it
-expected for its partition. A record past that offset means records were
-skipped: the worker seeks back and reads them again. If the same hole shows
-up again right after that seek, the offsets really do not exist (transaction
-markers, say) and the hole is accepted.
+So the worker (1) tells Faust's consumer not to fill gaps on lane topics, nor
+to drop lane records below its "read offset" (``app.py``), and (2) checks
+every lane record against the next offset it expected for its partition. A
+record past that offset means records were skipped: the worker seeks back and
+reads them again. Records buffered before the seek (all past the hole) are
+passed over. The first record fetched after the seek tells what happened: the
+one sought for (the hole is filled), or a later one, still inside the hole
+(those offsets did not come back). A hole is accepted as real (transaction
+markers, say) only when the same first record comes back after
+:data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a record that repeats, or a
+stream that restarts past the hole, means a seek was lost, and it is redone.
 
 Pure: no Faust imports; the caller performs the seek.
 """
@@ -22,7 +27,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-__all__ = ["Continuity", "Verdict"]
+__all__ = ["SEEKS_BEFORE_ACCEPTING", "Continuity", "Verdict"]
+
+#: Seeks whose first record is the same one past the hole before it is accepted.
+SEEKS_BEFORE_ACCEPTING = 2
 
 
 @dataclass(frozen=True)
@@ -38,35 +46,46 @@ class Verdict:
     accepted_hole: tuple[int, int] | None = None
 
 
-class Continuity:
-    """Next expected offset per partition (see the module's promise).
+@dataclass
+class _Pending:
+    """A seek back to ``sought`` is under way."""
 
-    After a seek back, records past the hole that were already buffered are
-    skipped (they are fetched again); the hole is accepted as real only when
-    the record that revealed it comes back first after the seek.
-    """
+    sought: int
+    first: int  # the earliest record past the hole seen since the last seek
+    seeks: int  # seeks in a row whose first record was ``first``
+    last: int  # the last offset seen since the last seek (restarts show as repeats)
+
+
+class Continuity:
+    """Next expected offset per partition (see the module's promise)."""
 
     def __init__(self) -> None:
         self._expected: dict[Hashable, int] = {}
-        # partition -> (offset sought back to, offset of the record that showed the hole)
-        self._pending: dict[Hashable, tuple[int, int]] = {}
+        self._pending: dict[Hashable, _Pending] = {}
 
     def check(self, partition: Hashable, offset: int) -> Verdict:
         """Judge the next record of ``partition``; call for every record, in order."""
         expected = self._expected.get(partition)
         pending = self._pending.get(partition)
         if pending is not None:
-            sought, revealed = pending
-            if offset <= sought:  # the records we sought back for, or an older rewind
+            if offset <= pending.sought:  # the record sought for, or an older rewind
                 del self._pending[partition]
-            elif offset == revealed:  # nothing before it came back: the hole is real
-                del self._pending[partition]
-                self._expected[partition] = offset + 1
-                return Verdict(process=True, accepted_hole=(sought, offset - 1))
-            else:
-                return Verdict(process=False)  # buffered before the seek; fetched again
+            elif offset <= pending.first:  # fetched after the seek, yet past the hole
+                seeks = pending.seeks + 1 if offset == pending.first else 1
+                if seeks >= SEEKS_BEFORE_ACCEPTING:
+                    del self._pending[partition]
+                    self._expected[partition] = offset + 1
+                    return Verdict(process=True, accepted_hole=(pending.sought, offset - 1))
+                self._pending[partition] = _Pending(pending.sought, offset, seeks, offset)
+                return Verdict(process=False, seek_to=pending.sought)
+            elif offset <= pending.last:  # the stream restarted past the hole: seek lost
+                pending.last = offset
+                return Verdict(process=False, seek_to=pending.sought)
+            else:  # buffered before the seek; fetched again after it
+                pending.last = offset
+                return Verdict(process=False)
         elif expected is not None and offset > expected:
-            self._pending[partition] = (expected, offset)
+            self._pending[partition] = _Pending(expected, offset, 0, offset)
             return Verdict(process=False, seek_to=expected)
         self._expected[partition] = offset + 1
         return Verdict(process=True)

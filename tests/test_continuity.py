@@ -1,8 +1,9 @@
-"""Skipped lane records are noticed and fetched again; real holes are accepted once."""
+"""Skipped lane records are noticed and fetched again; a hole is accepted only when
+repeated seeks find the same first record past it."""
 
 from __future__ import annotations
 
-from pipeline.continuity import Continuity, Verdict
+from pipeline.continuity import SEEKS_BEFORE_ACCEPTING, Continuity, Verdict
 
 
 def test_contiguous_records_are_processed() -> None:
@@ -20,13 +21,41 @@ def test_a_skip_seeks_back_skips_stale_records_then_resumes() -> None:
     assert all(c.check("p", o).process for o in range(4, 10))
 
 
-def test_a_real_hole_is_accepted_after_one_seek() -> None:
+def test_a_real_hole_is_accepted_after_repeated_seeks_find_the_same_first_record() -> None:
+    assert SEEKS_BEFORE_ACCEPTING == 2
     c = Continuity()
     c.check("p", 0)
     assert c.check("p", 5).seek_to == 1
+    assert c.check("p", 6) == Verdict(process=False)  # buffered before the seek
+    assert c.check("p", 5) == Verdict(process=False, seek_to=1)  # first after the seek
+    assert c.check("p", 6) == Verdict(process=False)
     assert c.check("p", 5) == Verdict(process=True, accepted_hole=(1, 4))
     assert c.check("p", 6).process
     assert c.check("p", 9).seek_to == 7  # a new hole is questioned again
+
+
+def test_a_seek_that_brings_back_part_of_the_hole_is_followed_to_the_start() -> None:
+    c = Continuity()
+    c.check("p", 0)
+    assert c.check("p", 7).seek_to == 1
+    # Offsets 1-2 do not come back, 3-6 do: the records from 3 on are not passed
+    # over as if buffered; the hole is questioned from its start again.
+    assert c.check("p", 3) == Verdict(process=False, seek_to=1)
+    assert c.check("p", 3) == Verdict(process=True, accepted_hole=(1, 2))
+    assert all(c.check("p", o).process for o in range(4, 9))
+
+
+def test_a_lost_seek_is_redone_instead_of_stalling_the_partition() -> None:
+    c = Continuity()
+    for o in range(0, 3):
+        c.check("p", o)
+    assert c.check("p", 7).seek_to == 3
+    assert c.check("p", 8) == Verdict(process=False)
+    assert c.check("p", 9) == Verdict(process=False)
+    # The stream starts over at 8 (the fetcher ignored the seek): seek again.
+    assert c.check("p", 8) == Verdict(process=False, seek_to=3)
+    assert c.check("p", 3).process
+    assert all(c.check("p", o).process for o in range(4, 10))
 
 
 def test_rewinds_and_revocation_reset_expectations() -> None:
