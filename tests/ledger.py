@@ -2,7 +2,7 @@
 
 Every fault test ends with :func:`check_ledger`. It reads the lane topics up to
 their log end and the results and dead-letter topics, and checks the delivery
-promises (README, "Delivery"):
+promises (README, "Guarantees"):
 
 1. every input (topic, partition, offset) has at least one answer: a dead
    letter naming that origin, or a result carrying its request_id;
@@ -17,16 +17,16 @@ It returns a summary that tests print, for the issue notes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from pipeline.codec import dead_letter_codec, request_codec, result_codec
 from pipeline.dedupe import content_hash
@@ -36,6 +36,7 @@ from pipeline.settings import LANES, Settings
 __all__ = [
     "Ledger",
     "LedgerError",
+    "LedgerTimeout",
     "answered_past_commit",
     "check_ledger",
     "committed",
@@ -50,11 +51,16 @@ class LedgerError(AssertionError):
     """A delivery promise is broken; the message says which inputs and how."""
 
 
-def _consumer(bootstrap: str) -> Consumer:
+class LedgerTimeout(TimeoutError):
+    """The broker did not answer a ledger query in time (it may be down)."""
+
+
+def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
+    """A consumer that never joins a group: ``group`` only names whose commits to read."""
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"ledger-{uuid.uuid4().hex[:8]}",
+            "group.id": group or f"ledger-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
             "log_level": 0,
@@ -62,43 +68,80 @@ def _consumer(bootstrap: str) -> Consumer:
     )
 
 
-def log_end(bootstrap: str, topics: Iterable[str]) -> dict[tuple[str, int], int]:
-    """The log-end offset (high watermark) of every partition of ``topics``."""
-    consumer = _consumer(bootstrap)
+@contextlib.contextmanager
+def _client(bootstrap: str, group: str | None = None) -> Iterator[Consumer]:
+    """One confluent client, used and closed by the thread that made it.
+
+    librdkafka aborts the whole interpreter when a client is destroyed from a
+    thread it owns, so nothing here is left to the garbage collector, and no
+    AdminClient (which cannot be closed) is used.
+    """
+    consumer = _consumer(bootstrap, group)
     try:
-        out: dict[tuple[str, int], int] = {}
-        meta = consumer.list_topics(timeout=15).topics
-        for topic in topics:
-            for partition in meta[topic].partitions:
-                _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=15
-                )
-                out[(topic, partition)] = high
-        return out
+        yield consumer
     finally:
         consumer.close()
 
 
-def committed(bootstrap: str, group: str, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+def _ends(
+    consumer: Consumer, topics: Iterable[str], deadline: float
+) -> dict[tuple[str, int], int]:
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LedgerTimeout("the broker did not answer in time")
+        return min(remaining, 10.0)
+
+    meta = consumer.list_topics(timeout=left()).topics
+    out: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        for partition in meta[topic].partitions:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=left()
+            )
+            out[(topic, partition)] = high
+    return out
+
+
+def _committed(
+    consumer: Consumer, tps: Iterable[tuple[str, int]], deadline: float
+) -> dict[tuple[str, int], int]:
+    timeout = deadline - time.monotonic()
+    if timeout <= 0:
+        raise LedgerTimeout("the broker did not answer in time")
+    found = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=timeout)
+    return {(tp.topic, tp.partition): max(0, tp.offset) for tp in found}
+
+
+def log_end(
+    bootstrap: str, topics: Iterable[str], timeout_s: float = 30.0
+) -> dict[tuple[str, int], int]:
+    """The log-end offset (high watermark) of every partition of ``topics``."""
+    with _client(bootstrap) as consumer:
+        return _ends(consumer, topics, time.monotonic() + timeout_s)
+
+
+def committed(
+    bootstrap: str, group: str, topics: Iterable[str], timeout_s: float = 30.0
+) -> dict[tuple[str, int], int]:
     """The consumer group's committed offset per partition (0 where none is committed)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    ends = log_end(bootstrap, topics)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in ends])
-    futures = admin.list_consumer_group_offsets([request], request_timeout=15)
-    result = futures[group].result(timeout=30)
-    return {
-        (tp.topic, tp.partition): max(0, tp.offset) for tp in result.topic_partitions
-    }
+    deadline = time.monotonic() + timeout_s
+    with _client(bootstrap, group) as consumer:
+        return _committed(consumer, _ends(consumer, topics, deadline), deadline)
 
 
-def in_flight(settings: Settings) -> int:
-    """Inputs past the group's committed offsets: what a crash now may answer twice."""
-    bootstrap = settings.kafka.bootstrap_servers
+def in_flight(settings: Settings, timeout_s: float = 30.0) -> int:
+    """Inputs past the group's committed offsets: what a fault now may answer twice.
+
+    The commits are read before the log ends, so the figure is never below the
+    inputs in flight at any instant between the two reads.
+    """
     lanes = [settings.topics.lane_topic(lane) for lane in LANES]
-    ends = log_end(bootstrap, lanes)
-    done = committed(bootstrap, settings.worker.app_id, lanes)
+    deadline = time.monotonic() + timeout_s
+    with _client(settings.kafka.bootstrap_servers, settings.worker.app_id) as consumer:
+        tps = [(t, p) for t in lanes for p in range(settings.topics.partitions)]
+        done = _committed(consumer, tps, deadline)
+        ends = _ends(consumer, lanes, deadline)
     return sum(max(0, end - done.get(tp, 0)) for tp, end in ends.items())
 
 
@@ -113,10 +156,13 @@ def _close(a: list[float] | None, b: list[float] | None, atol: float) -> bool:
 def answered_past_commit(settings: Settings) -> int:
     """Inputs answered but not yet committed by the group: a crash now may answer
     each of them once more (call it when the worker is dead, so it is exact)."""
+    # A killed worker's last requests may still sit in its sockets: let the
+    # broker take them before counting.
+    time.sleep(1.0)
     lanes = [settings.topics.lane_topic(lane) for lane in LANES]
     done = committed(settings.kafka.bootstrap_servers, settings.worker.app_id, lanes)
     ledger = Ledger(settings)
-    ledger.read(time.monotonic() + 30)
+    ledger.read(time.monotonic() + 60)
     return ledger.answered_past(done)
 
 
@@ -164,9 +210,8 @@ class Ledger:
         bootstrap = s.kafka.bootstrap_servers
         lanes = [s.topics.lane_topic(lane) for lane in LANES]
         out = [s.topics.results_topic, s.topics.dlq_topic]
-        ends = log_end(bootstrap, lanes + out)
-        consumer = _consumer(bootstrap)
-        try:
+        with _client(bootstrap) as consumer:
+            ends = _ends(consumer, lanes + out, deadline)
             for msg in _read(consumer, ends, self._positions, deadline):
                 topic = msg.topic()
                 if topic in lanes:
@@ -184,8 +229,6 @@ class Ledger:
                     origin = (dl["original_topic"], dl["original_partition"], dl["original_offset"])
                     self.letters[origin] += 1
                     self.n_letters += 1
-        finally:
-            consumer.close()
 
     def missing(self) -> list[Origin]:
         """Inputs without an answer yet."""
@@ -286,13 +329,15 @@ def check_ledger(
     ledger = Ledger(settings)
     deadline = time.monotonic() + timeout_s
     while True:
-        ledger.read(deadline)
+        # Each read runs to the log ends it found (bounded on its own), so a
+        # slow read near the deadline never passes for a missing answer.
+        ledger.read(time.monotonic() + 60)
         lost = ledger.missing()
         if not lost or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
     time.sleep(0.5)
-    ledger.read(time.monotonic() + 15)  # late duplicates count too
+    ledger.read(time.monotonic() + 60)  # late duplicates count too
     summary = {**ledger.summary(), "max_duplicates": max_duplicates}
     if expect_inputs is not None and summary["inputs"] != expect_inputs:
         raise LedgerError(f"expected {expect_inputs} inputs on the lanes, found {summary}")
