@@ -248,6 +248,10 @@ class ValidationSettings:
     max_text_chars: int = _field(8192, "longest text accepted, in characters")
 
 
+#: How the engine pads a batch (``ModelSettings.padding``).
+PADDINGS: tuple[str, ...] = ("auto", "longest", "bucket", "shape")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
     """Which model runs, where, and how."""
@@ -262,10 +266,35 @@ class ModelSettings:
     )
     device: str = _field("auto", "auto, cpu or cuda")
     max_length: int = _field(256, "tokens per text; longer texts are truncated")
-    torch_threads: int = _field(0, "torch intra-op threads; 0 means cores - 1 (at least 1)")
+    torch_threads: int = _field(
+        0, "torch intra-op threads; 0 means cores - 1 (at least 1): the event loop keeps a core"
+    )
+    torch_interop_threads: int = _field(
+        1, "torch inter-op threads (eager inference uses none; 0: cores - 1); fixed per process"
+    )
+    tokenizer_threads: int = _field(
+        1,
+        "tokenizer threads: 1 tokenizes on the engine's tokenizer thread alone "
+        "(TOKENIZERS_PARALLELISM=false); N > 1 a rayon pool of N; 0 the library's (one per core)",
+    )
+    padding: str = _field(
+        "auto",
+        "longest (pad a batch to its longest text), bucket (to the scheduler's sequence bucket), "
+        "shape (bucket, and rows up to the batch-size bucket); auto: bucket on CUDA, else longest",
+    )
     fail_on: str = _field(
         "", "testing aid: a regex; texts matching it make the model raise (fault injection)"
     )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.padding not in PADDINGS:
+            problems.append(f"PADDING={self.padding!r}: expected one of {', '.join(PADDINGS)}")
+        for name in ("torch_threads", "torch_interop_threads", "tokenizer_threads"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name.upper()}={getattr(self, name)}: must be >= 0")
+        if problems:
+            raise ConfigurationError("PIPELINE_MODEL_" + "; PIPELINE_MODEL_".join(problems))
 
     @property
     def display_name(self) -> str:

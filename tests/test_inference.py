@@ -225,7 +225,9 @@ class FakeModel:
         self.threads: set[int] = set()
         self.calls: list[list[str]] = []
 
-    def tokenize(self, texts: list[str]) -> Encoded:
+    def tokenize(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> Encoded:
         longest = max(len(t) for t in texts)
         ids = torch.zeros((len(texts), longest), dtype=torch.long)
         return Encoded(list(texts), {"input_ids": ids}, sum(map(len, texts)), ids.numel())

@@ -1,4 +1,10 @@
-"""The inference engine: one dedicated thread, the only place the model runs.
+"""The inference engine: two dedicated threads, the only places the model runs.
+
+A tokenizer stage (thread ``inference-tokenizer``) prepares the next batch,
+tokenised, padded and, on CUDA, already copied to the device, while the
+inference thread (``inference``) computes the current one; between them
+waits at most one prepared batch. Only the inference thread calls
+``forward``, and :meth:`InferenceEngine.busy_fraction` counts only its time.
 
 Promises:
 
@@ -9,7 +15,7 @@ Promises:
 - The event loop never blocks: submitting waits for room in a bounded queue
   with an awaitable, and results come back through ``call_soon_threadsafe``.
 - ``stop()`` finishes (or fails, with :class:`EngineStopped`) every accepted
-  job and joins the thread; no caller is left waiting forever.
+  job and joins both threads; no caller is left waiting forever.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ __all__ = [
 class Predictor(Protocol):
     """What the engine needs of a model (:class:`~pipeline.inference.model.Model` fits)."""
 
-    def tokenize(self, texts: list[str]) -> Encoded: ...
+    def tokenize(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> Encoded: ...
 
     def forward(self, enc: Encoded) -> list[Prediction]: ...
 
@@ -51,6 +59,12 @@ class _Job:
     texts: list[str]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[BatchOutcome]
+    pad_to: int | None = None
+    rows: int | None = None
+    # Set by the tokenizer stage: the prepared batch, or why preparing it failed.
+    enc: Encoded | None = None
+    error: Exception | None = None
+    tokenize_ms: float = 0.0
 
 
 @dataclasses.dataclass
@@ -91,13 +105,17 @@ def _settle(
 
 _STOP = object()
 
+#: Weight of the newest batch in :meth:`InferenceEngine.tokenize_ms`.
+_TOKENIZE_ALPHA = 0.2
+
 
 class InferenceEngine:
-    """Runs a model on its own non-daemon thread named ``inference``.
+    """Runs a model on two non-daemon threads: ``inference-tokenizer``, ``inference``.
 
-    ``queue_size`` bounds the jobs waiting for the thread (the running one not
-    counted); ``run`` awaits room when it is full. ``busy_window_s`` is the
-    sliding window of :meth:`busy_fraction`; ``clock`` (seconds) is injectable.
+    ``queue_size`` bounds the jobs waiting for the tokenizer stage; beyond
+    them one job may be in tokenisation, one prepared and one running.
+    ``run`` awaits room when it is full. ``busy_window_s`` is the sliding
+    window of :meth:`busy_fraction`; ``clock`` (seconds) is injectable.
     """
 
     def __init__(
@@ -113,43 +131,53 @@ class InferenceEngine:
         self.model = model
         self._slots = Slots(queue_size)
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._prepared: queue.Queue[_Job | object] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._accepting = False
+        self._abandon = False  # stop(drain=False): fail what has not started running
         self._thread: threading.Thread | None = None
+        self._tokenizer: threading.Thread | None = None
         self._busy = BusyTracker(busy_window_s, clock)
         self._batches = self._items = self._failures = self._calls = 0
+        self._tokenize_ms: float | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread. Starting twice, or after ``stop``, is an error."""
+        """Start the engine's threads. Starting twice, or after ``stop``, is an error."""
         with self._lock:
             if self._thread is not None:
                 raise RuntimeError("the inference engine was already started")
             self._thread = threading.Thread(target=self._serve, name="inference", daemon=False)
+            self._tokenizer = threading.Thread(
+                target=self._prepare, name="inference-tokenizer", daemon=False
+            )
             self._accepting = True
             self._thread.start()
+            self._tokenizer.start()
 
     def stop(self, timeout: float | None = None, *, drain: bool = True) -> bool:
-        """Stop accepting work, settle every accepted job, join the thread.
+        """Stop accepting work, settle every accepted job, join both threads.
 
         ``drain=True`` runs queued jobs first; ``drain=False`` fails them with
-        :class:`EngineStopped` (the running batch still finishes). Returns
-        whether the thread ended within ``timeout`` seconds. Idempotent.
+        :class:`EngineStopped`, prepared ones included (the running batch
+        still finishes). Returns whether the threads ended within ``timeout``
+        seconds. Idempotent.
         """
         with self._lock:
             was_accepting, self._accepting = self._accepting, False
             if was_accepting:
                 if not drain:
+                    self._abandon = True
                     self._fail_queued()
                 self._queue.put(_STOP)
         self._slots.release()  # wake one waiter; each woken waiter wakes the next
-        thread = self._thread
-        if thread is None:
-            return True
-        if thread is not threading.current_thread():
-            thread.join(timeout)
-        return not thread.is_alive()
+        threads = [t for t in (self._tokenizer, self._thread) if t is not None]
+        if threading.current_thread() not in threads:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for thread in threads:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     @property
     def running(self) -> bool:
@@ -158,15 +186,24 @@ class InferenceEngine:
 
     @property
     def thread_ident(self) -> int | None:
-        """``threading.get_ident()`` of the engine thread, once started."""
+        """``threading.get_ident()`` of the inference thread, once started."""
         return None if self._thread is None else self._thread.ident
+
+    @property
+    def tokenizer_ident(self) -> int | None:
+        """``threading.get_ident()`` of the tokenizer stage's thread, once started."""
+        return None if self._tokenizer is None else self._tokenizer.ident
 
     # -- submitting --------------------------------------------------------
 
-    async def run(self, texts: list[str]) -> BatchOutcome:
-        """Compute ``texts`` as one batch on the engine thread; one outcome per text.
+    async def run(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> BatchOutcome:
+        """Compute ``texts`` as one batch on the engine's threads; one outcome per text.
 
-        Raises :class:`EngineStopped` if the engine is not running.
+        ``pad_to`` and ``rows`` are the batch's bucketed shape, handed to the
+        model's ``tokenize`` (whose padding setting decides whether to use
+        them). Raises :class:`EngineStopped` if the engine is not running.
         """
         if not texts:
             return BatchOutcome(outcomes=[], batch_size=0)
@@ -174,7 +211,7 @@ class InferenceEngine:
             raise EngineStopped("the inference engine is not running")
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
-        job = _Job(list(texts), loop, loop.create_future())
+        job = _Job(list(texts), loop, loop.create_future(), pad_to, rows)
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -187,14 +224,18 @@ class InferenceEngine:
     # -- observing ---------------------------------------------------------
 
     def busy_fraction(self) -> float:
-        """Share of the last ``busy_window_s`` seconds the engine thread spent computing."""
+        """Share of the last ``busy_window_s`` seconds the inference thread spent computing."""
         return self._busy.fraction()
+
+    def tokenize_ms(self) -> float | None:
+        """Moving average of the tokenizer stage's time per batch; ``None`` before the first."""
+        return self._tokenize_ms
 
     def stats(self) -> EngineStats:
         """Batches, items, failed items and model calls so far."""
         return EngineStats(self._batches, self._items, self._failures, self._calls)
 
-    # -- the engine thread -------------------------------------------------
+    # -- the engine's threads ----------------------------------------------
 
     def _fail_queued(self) -> None:
         while True:
@@ -206,17 +247,46 @@ class InferenceEngine:
                 self._slots.release()
                 _settle(job, error=EngineStopped("the inference engine was stopped"))
 
-    def _serve(self) -> None:
+    def _prepare(self) -> None:
+        """The tokenizer stage: tokenise each job, then hand it over (waits while one waits)."""
         while True:
             job = self._queue.get()
             if not isinstance(job, _Job):
+                self._prepared.put(_STOP)
                 return
             self._slots.release()
             if job.future.cancelled():
                 continue
+            if self._abandon:
+                _settle(job, error=EngineStopped("the inference engine was stopped"))
+                continue
+            t0 = time.perf_counter()
+            try:
+                job.enc = self.model.tokenize(job.texts, pad_to=job.pad_to, rows=job.rows)
+            except Exception as exc:  # the inference thread bisects to find the culprit
+                job.error = exc
+            job.tokenize_ms = (time.perf_counter() - t0) * 1000.0
+            last = self._tokenize_ms
+            self._tokenize_ms = (
+                job.tokenize_ms
+                if last is None
+                else last + _TOKENIZE_ALPHA * (job.tokenize_ms - last)
+            )
+            self._prepared.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._prepared.get()
+            if not isinstance(job, _Job):
+                return
+            if job.future.cancelled():
+                continue
+            if self._abandon:
+                _settle(job, error=EngineStopped("the inference engine was stopped"))
+                continue
             self._busy.begin()
             try:
-                outcome = self._compute(job.texts)
+                outcome = self._compute(job)
             except Exception as exc:  # a bug here must not leave the caller waiting
                 _settle(job, error=_as_inference_error(exc))
                 continue
@@ -224,9 +294,10 @@ class InferenceEngine:
                 self._busy.end()
             _settle(job, result=outcome)
 
-    def _compute(self, texts: list[str]) -> BatchOutcome:
-        tally = _Tally()
-        outcomes = self._bisect(texts, tally)
+    def _compute(self, job: _Job) -> BatchOutcome:
+        texts = job.texts
+        tally = _Tally(tokenize_ms=job.tokenize_ms)
+        outcomes = self._bisect(texts, tally, job.pad_to, job)
         result = BatchOutcome(
             outcomes=outcomes,
             batch_size=len(texts),
@@ -242,22 +313,35 @@ class InferenceEngine:
         self._calls += tally.calls
         return result
 
-    def _bisect(self, texts: list[str], tally: _Tally) -> list[Outcome]:
+    def _bisect(
+        self, texts: list[str], tally: _Tally, pad_to: int | None, prepared: _Job | None = None
+    ) -> list[Outcome]:
         try:
-            predictions = self._call(texts, tally)
+            predictions = self._call(texts, tally, pad_to, prepared)
         except Exception as exc:
             if len(texts) == 1:
                 return [Outcome(error=_as_inference_error(exc))]
             mid = len(texts) // 2
-            return self._bisect(texts[:mid], tally) + self._bisect(texts[mid:], tally)
+            return self._bisect(texts[:mid], tally, pad_to) + self._bisect(
+                texts[mid:], tally, pad_to
+            )
         return [Outcome(prediction=p) for p in predictions]
 
-    def _call(self, texts: list[str], tally: _Tally) -> list[Prediction]:
+    def _call(
+        self, texts: list[str], tally: _Tally, pad_to: int | None, prepared: _Job | None
+    ) -> list[Prediction]:
+        """One model call; the whole batch comes prepared, bisected halves are tokenised here."""
         tally.calls += 1
-        t0 = time.perf_counter()
-        enc = self.model.tokenize(texts)
+        if prepared is not None:
+            if prepared.error is not None:
+                raise prepared.error
+            assert prepared.enc is not None
+            enc = prepared.enc
+        else:
+            t0 = time.perf_counter()
+            enc = self.model.tokenize(texts, pad_to=pad_to)
+            tally.tokenize_ms += (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
-        tally.tokenize_ms += (t1 - t0) * 1000.0
         tally.n_tokens += enc.n_tokens
         tally.padded_tokens += enc.padded_tokens
         try:

@@ -3,8 +3,10 @@
 ``load_model(settings)`` is the only way in. It never touches the network
 (``local_files_only=True``), and turns every loading failure into a
 :class:`~pipeline.errors.ConfigurationError` that says what to fix. The
-returned :class:`Model` is not thread-safe: one thread (the inference engine's)
-calls it.
+returned :class:`Model` runs ``forward`` on one thread at a time (the
+engine's inference thread); ``tokenize`` may run meanwhile on another (the
+engine's tokenizer stage): tokenizer calls are serialised by a lock, since the
+fast tokenizer changes its padding state on every call.
 
 Tasks:
 
@@ -15,13 +17,21 @@ Tasks:
   ``config.id2label`` and the score is the top probability.
 - ``noop``: no model at all (:class:`NoopModel`): a fixed tiny embedding per
   text, so a worker measures the pipeline's own cost per event.
+
+Padding (``settings.padding``): a batch is padded to its longest text, or up
+to the scheduler's sequence bucket (``pad_to``; never shorter than the
+longest text, so nothing is truncated to it) and, with ``shape``, with empty
+rows up to the batch-size bucket (``rows``): on a GPU a few recurring shapes
+let the caching allocator reuse its blocks; on a CPU padding only costs work.
+
+``load_model`` applies the thread budget first (:mod:`.threads`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
+import threading
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import ConfigurationError, InferenceError
+from pipeline.inference.threads import apply_thread_budget
 from pipeline.settings import ModelSettings
 
 __all__ = [
@@ -64,14 +75,17 @@ class Encoded:
     """A tokenised batch: model-ready tensors plus the texts they came from.
 
     ``n_tokens`` counts real tokens (special tokens included, after
-    truncation); ``padded_tokens`` is ``batch size × longest``, the work the
-    model actually does.
+    truncation); ``padded_tokens`` is rows × padded length, the work the
+    model actually does (rows may exceed ``len(texts)``: padding rows). On
+    CUDA the tensors are already on the device, copied on a side stream that
+    ``ready`` (a CUDA event) marks done; ``None`` elsewhere.
     """
 
     texts: list[str]
     tensors: dict[str, torch.Tensor]
     n_tokens: int
     padded_tokens: int
+    ready: Any = None
 
     @property
     def padding_ratio(self) -> float:
@@ -110,14 +124,6 @@ def _resolve_device(requested: str) -> torch.device:
     )
 
 
-def _default_threads() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
-
-
 class Model:
     """A loaded model, its tokenizer and its task. Build it with :func:`load_model`."""
 
@@ -132,6 +138,7 @@ class Model:
         network: torch.nn.Module,
         max_length: int,
         fail_on: str = "",
+        padding: str = "longest",
     ) -> None:
         self.name = name
         self.version = version
@@ -139,10 +146,18 @@ class Model:
         self.device = device
         self.max_length = max_length
         self._tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()
         self._network = network
         self._fail_on = re.compile(fail_on) if fail_on else None
+        if padding == "auto":
+            padding = "bucket" if device.type == "cuda" else "longest"
+        self.padding = padding
+        self._pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
+        self._pad_left = getattr(tokenizer, "padding_side", "right") == "left"
         self._autocast_dtype: torch.dtype | None = None
+        self._copy_stream: Any = None
         if device.type == "cuda":
+            self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             bf16 = torch.cuda.is_bf16_supported()
             self._autocast_dtype = torch.bfloat16 if bf16 else torch.float16
         id2label = getattr(network.config, "id2label", None) or {}
@@ -158,26 +173,59 @@ class Model:
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model will see for ``text``: special tokens included, truncated."""
-        ids = self._tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
+        with self._tokenizer_lock:
+            ids = self._tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"]
         return len(ids)
 
-    def tokenize(self, texts: list[str]) -> Encoded:
-        """Encode a batch, padded to its longest text and truncated at ``max_length``."""
-        batch = self._tokenizer(
-            list(texts),
-            padding="longest",
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-        )
+    def tokenize(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> Encoded:
+        """Encode a batch, truncated at ``max_length``, padded as ``self.padding`` says.
+
+        ``pad_to`` (bucket, shape) is a least sequence length, capped at
+        ``max_length``; ``rows`` (shape only) a least row count. On CUDA the
+        tensors are copied to the device from pinned memory on a side stream,
+        so this may run on another thread while ``forward`` computes.
+        """
+        with self._tokenizer_lock:
+            batch = self._tokenizer(
+                list(texts),
+                padding="longest",
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
         tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        mask = tensors["attention_mask"]
-        return Encoded(
-            texts=list(texts),
-            tensors=tensors,
-            n_tokens=int(mask.sum().item()),
-            padded_tokens=int(mask.numel()),
-        )
+        n_tokens = int(tensors["attention_mask"].sum().item())
+        if self.padding != "longest":
+            tensors = self._pad(tensors, pad_to, rows if self.padding == "shape" else None)
+        padded = int(tensors["attention_mask"].numel())
+        ready = None
+        if self._copy_stream is not None:
+            with torch.cuda.stream(self._copy_stream):
+                tensors = {
+                    k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()
+                }
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(self._copy_stream)
+        return Encoded(list(texts), tensors, n_tokens, padded, ready)
+
+    def _pad(
+        self, tensors: dict[str, torch.Tensor], pad_to: int | None, rows: int | None
+    ) -> dict[str, torch.Tensor]:
+        n, width = tensors["attention_mask"].shape
+        cols = max(0, min(pad_to or 0, self.max_length) - width)
+        extra = max(0, (rows or 0) - n)
+        if not cols and not extra:
+            return tensors
+        sides = (cols, 0, 0, extra) if self._pad_left else (0, cols, 0, extra)
+        out = {
+            k: torch.nn.functional.pad(v, sides, value=self._pad_id if k == "input_ids" else 0)
+            for k, v in tensors.items()
+        }
+        if extra:  # a row attending to nothing can turn attention into NaN: let it see one
+            out["attention_mask"][n:, -1 if self._pad_left else 0] = 1
+        return out
 
     def forward(self, enc: Encoded) -> list[Prediction]:
         """One prediction per text of ``enc``, in order.
@@ -189,13 +237,19 @@ class Model:
             for text in enc.texts:
                 if self._fail_on.search(text):
                     raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
+        if enc.ready is not None:  # copied on the side stream: wait for it, keep the memory
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(enc.ready)
+            for tensor in enc.tensors.values():
+                tensor.record_stream(stream)
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
+        n = len(enc.texts)  # padding rows, if any, come after the texts
         with torch.inference_mode(), self._autocast():
             output = self._network(**inputs)
             if self.task == "embed":
-                preds = self._embed(output.last_hidden_state, inputs["attention_mask"])
+                preds = self._embed(output.last_hidden_state[:n], inputs["attention_mask"][:n])
             else:
-                preds = self._classify(output.logits)
+                preds = self._classify(output.logits[:n])
         assert len(preds) == len(enc.texts), "one prediction per text"
         return preds
 
@@ -249,7 +303,10 @@ class NoopModel:
     def count_tokens(self, text: str) -> int:
         return min(len(text.split()) + 2, self.max_length)
 
-    def tokenize(self, texts: list[str]) -> Encoded:
+    def tokenize(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> Encoded:
+        del pad_to, rows  # nothing to pad
         counts = [self.count_tokens(t) for t in texts]
         return Encoded(
             texts=list(texts),
@@ -283,8 +340,8 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
 
     Task ``noop`` loads nothing and returns a :class:`NoopModel`.
 
-    Offline only. Sets torch's intra-op threads (``settings.torch_threads``, or
-    cores - 1). Raises :class:`ConfigurationError`, with what to do, for an
+    Offline only. Applies the thread budget (:func:`apply_thread_budget`).
+    Raises :class:`ConfigurationError`, with what to do, for an
     unknown task or device, a missing folder, or one transformers cannot load
     with a fast tokenizer.
     """
@@ -318,7 +375,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
     if not (folder / "config.json").is_file():
         raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
 
-    torch.set_num_threads(settings.torch_threads or _default_threads())
+    apply_thread_budget(settings)
 
     import transformers
 
@@ -367,4 +424,5 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         network=network,
         max_length=max_length,
         fail_on=settings.fail_on,
+        padding=settings.padding,
     )

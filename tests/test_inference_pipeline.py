@@ -1,0 +1,279 @@
+"""The pipelined engine (tokenize batch N+1 while N computes), padding and the thread budget.
+
+Unit tier: no broker. Overlap is observed through events that a fake model
+sets and waits on, never through timing; the padding tests use the tiny BERT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model import build_tiny_bert
+
+from pipeline.errors import ConfigurationError, InferenceError
+from pipeline.inference import BatchOutcome, Encoded, InferenceEngine, Prediction, load_model
+from pipeline.inference.threads import apply_thread_budget
+from pipeline.settings import ModelSettings, Settings
+
+
+class StagedFake:
+    """Logs each stage per batch (``tokenize:<first text>``, ``forward:...``, ``done:...``)
+    with its thread; ``hold`` makes forward of that batch wait for ``release``; texts
+    with 'untokenizable' fail tokenisation, texts with 'bad' fail forward."""
+
+    def __init__(self, hold: str | None = None) -> None:
+        self.hold = hold
+        self.release = threading.Event()
+        self.log: list[tuple[str, int]] = []
+        self.seen: dict[str, threading.Event] = {}
+        self.hints: list[tuple[int | None, int | None]] = []
+        self._lock = threading.Lock()
+
+    def _note(self, what: str) -> None:
+        with self._lock:
+            self.log.append((what, threading.get_ident()))
+            self.seen.setdefault(what, threading.Event()).set()
+
+    def wait_for(self, what: str) -> bool:
+        with self._lock:
+            event = self.seen.setdefault(what, threading.Event())
+        return event.wait(10)
+
+    def tokenize(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> Encoded:
+        self._note(f"tokenize:{texts[0]}")
+        self.hints.append((pad_to, rows))
+        if any("untokenizable" in t for t in texts):
+            raise ValueError("cannot tokenize")
+        ids = torch.zeros((len(texts), 4), dtype=torch.long)
+        return Encoded(list(texts), {"input_ids": ids}, 4 * len(texts), ids.numel())
+
+    def forward(self, enc: Encoded) -> list[Prediction]:
+        self._note(f"forward:{enc.texts[0]}")
+        if enc.texts[0] == self.hold:
+            assert self.release.wait(10)
+        if any("bad" in t for t in enc.texts):
+            raise ValueError("bad input")
+        self._note(f"done:{enc.texts[0]}")
+        return [Prediction(embedding=[float(len(t))]) for t in enc.texts]
+
+    def index(self, what: str) -> int:
+        return [w for w, _ in self.log].index(what)
+
+
+@pytest.fixture
+def engine_of() -> Iterator[list[InferenceEngine]]:
+    engines: list[InferenceEngine] = []
+    yield engines
+    for engine in engines:
+        assert engine.stop(timeout=10)
+
+
+def _started(engines: list[InferenceEngine], fake: StagedFake, **kw: float) -> InferenceEngine:
+    engine = InferenceEngine(fake, **kw)  # type: ignore[arg-type]
+    engine.start()
+    engines.append(engine)
+    return engine
+
+
+def test_next_batch_is_tokenized_while_the_current_one_computes(
+    engine_of: list[InferenceEngine],
+) -> None:
+    fake = StagedFake(hold="one")
+    engine = _started(engine_of, fake)
+
+    async def main() -> list[BatchOutcome]:
+        first = asyncio.create_task(engine.run(["one", "uno"]))
+        second = asyncio.create_task(engine.run(["two"]))
+        loop = asyncio.get_running_loop()
+        # Batch "one" is held inside forward; batch "two" must get tokenised meanwhile.
+        overlapped = await loop.run_in_executor(None, fake.wait_for, "tokenize:two")
+        still_running = "done:one" not in [w for w, _ in fake.log]
+        fake.release.set()
+        assert overlapped and still_running
+        return list(await asyncio.gather(first, second))
+
+    one, two = asyncio.run(main())
+    assert fake.index("tokenize:two") < fake.index("done:one") < fake.index("forward:two")
+    threads = dict(fake.log)
+    assert threads["tokenize:one"] == threads["tokenize:two"] == engine.tokenizer_ident
+    assert threads["forward:one"] == threads["forward:two"] == engine.thread_ident
+    assert engine.tokenizer_ident != engine.thread_ident
+    assert [o.prediction for o in one.outcomes] == [
+        Prediction(embedding=[3.0]),
+        Prediction(embedding=[3.0]),
+    ]
+    assert [o.prediction for o in two.outcomes] == [Prediction(embedding=[3.0])]
+    assert engine.tokenize_ms() is not None
+
+
+def test_many_batches_keep_their_order_and_outcomes(engine_of: list[InferenceEngine]) -> None:
+    fake = StagedFake()
+    engine = _started(engine_of, fake, queue_size=2)
+    batches = [[f"b{i}-{'x' * j}" for j in range(i % 4 + 1)] for i in range(12)]
+    batches[5][1] = "b5-bad"
+
+    async def main() -> list[BatchOutcome]:
+        return list(await asyncio.gather(*(engine.run(b) for b in batches)))
+
+    results = asyncio.run(main())
+    for texts, result in zip(batches, results, strict=True):
+        assert result.batch_size == len(texts) == len(result.outcomes)
+        for text, outcome in zip(texts, result.outcomes, strict=True):
+            if "bad" in text:
+                assert not outcome.ok and isinstance(outcome.error, InferenceError)
+            else:
+                assert outcome.prediction == Prediction(embedding=[float(len(text))])
+    assert engine.stats().batches == 12 and engine.stats().failures == 1
+
+
+def test_a_batch_that_fails_to_tokenize_is_bisected(engine_of: list[InferenceEngine]) -> None:
+    fake = StagedFake()
+    engine = _started(engine_of, fake)
+    texts = ["a", "b", "c untokenizable", "d"]
+    result = asyncio.run(engine.run(texts, pad_to=32, rows=8))
+    assert [o.ok for o in result.outcomes] == [True, True, False, True]
+    assert isinstance(result.outcomes[2].error, InferenceError)
+    assert isinstance(result.outcomes[2].error.__cause__, ValueError)
+    # The whole batch gets the bucketed shape; bisected parts keep the length only.
+    assert fake.hints[0] == (32, 8)
+    assert len(fake.hints) > 1 and all(h == (32, None) for h in fake.hints[1:])
+    assert result.model_calls == len(fake.hints)
+
+
+def test_busy_fraction_counts_only_the_inference_thread(
+    engine_of: list[InferenceEngine],
+) -> None:
+    now = [100.0]
+
+    class Timed(StagedFake):
+        def tokenize(
+            self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+        ) -> Encoded:
+            now[0] += 3.0  # tokenising takes three (fake) seconds
+            return super().tokenize(texts, pad_to=pad_to, rows=rows)
+
+        def forward(self, enc: Encoded) -> list[Prediction]:
+            now[0] += 2.0  # computing takes two
+            return super().forward(enc)
+
+    engine = _started(engine_of, Timed(), busy_window_s=60.0, clock=lambda: now[0])
+    asyncio.run(engine.run(["a"]))
+    assert engine.busy_fraction() == pytest.approx(2.0 / 5.0)
+
+
+def test_stop_drains_prepared_and_queued_jobs(engine_of: list[InferenceEngine]) -> None:
+    fake = StagedFake(hold="first")
+    engine = _started(engine_of, fake)
+
+    async def main() -> list[BatchOutcome]:
+        jobs = [asyncio.create_task(engine.run([t])) for t in ("first", "second", "third")]
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, fake.wait_for, "tokenize:second")
+        stopper = loop.run_in_executor(None, lambda: engine.stop(timeout=10))
+        fake.release.set()
+        assert await stopper
+        return list(await asyncio.gather(*jobs))
+
+    results = asyncio.run(main())
+    assert all(r.outcomes[0].ok for r in results)
+    assert not any(t.name.startswith("inference") for t in threading.enumerate())
+
+
+# -- padding to the scheduler's buckets (the tiny BERT) -----------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def test_padding_to_the_bucket_and_shape_keeps_every_embedding(tiny_dir: Path) -> None:
+    texts = ["good movie", "the film is very very good", "bad"]
+    longest = load_model(ModelSettings(path=str(tiny_dir), padding="longest"))
+    bucket = load_model(ModelSettings(path=str(tiny_dir), padding="bucket"))
+    shape = load_model(ModelSettings(path=str(tiny_dir), padding="shape"))
+    plain = longest.tokenize(texts, pad_to=32, rows=8)
+    assert plain.tensors["input_ids"].shape == (3, 8)  # [CLS] + 6 words + [SEP]; hints ignored
+    by_bucket = bucket.tokenize(texts, pad_to=32, rows=8)
+    assert by_bucket.tensors["input_ids"].shape == (3, 32)
+    by_shape = shape.tokenize(texts, pad_to=32, rows=8)
+    assert by_shape.tensors["attention_mask"].shape == (8, 32)
+    assert by_shape.n_tokens == by_bucket.n_tokens == plain.n_tokens
+    assert by_shape.padded_tokens == 8 * 32 and by_bucket.padded_tokens == 3 * 32
+    want = longest.forward(plain)
+    for model, enc in ((bucket, by_bucket), (shape, by_shape)):
+        got = model.forward(enc)
+        assert len(got) == len(texts)
+        for a, b in zip(want, got, strict=True):
+            assert a.embedding is not None and b.embedding is not None
+            assert torch.allclose(torch.tensor(a.embedding), torch.tensor(b.embedding), atol=1e-5)
+
+
+def test_pad_to_never_truncates_and_stops_at_max_length(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir), padding="bucket", max_length=20))
+    texts = ["good " * 12, "bad"]
+    assert model.tokenize(texts, pad_to=4).tensors["input_ids"].shape == (2, 14)
+    assert model.tokenize(texts, pad_to=64).tensors["input_ids"].shape == (2, 20)
+
+
+def test_auto_padding_is_longest_on_a_cpu(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir)))
+    assert model.padding == "longest"
+    assert model.tokenize(["good"], pad_to=32).tensors["input_ids"].shape == (1, 3)
+
+
+def test_engine_pads_through_to_the_real_model(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir), padding="shape"))
+    engine = InferenceEngine(model)
+    engine.start()
+    try:
+        result = asyncio.run(engine.run(["good", "bad movie"], pad_to=16, rows=4))
+    finally:
+        assert engine.stop(timeout=10)
+    assert all(o.ok for o in result.outcomes) and result.padded_tokens == 4 * 16
+
+
+# -- settings and the thread budget ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"PIPELINE_MODEL_PADDING": "wide"}, "PIPELINE_MODEL_PADDING='wide'"),
+        ({"PIPELINE_MODEL_TOKENIZER_THREADS": "-1"}, "PIPELINE_MODEL_TOKENIZER_THREADS=-1"),
+        ({"PIPELINE_MODEL_TORCH_THREADS": "-2"}, "PIPELINE_MODEL_TORCH_THREADS=-2"),
+        ({"PIPELINE_MODEL_TORCH_INTEROP_THREADS": "-1"}, "PIPELINE_MODEL_TORCH_INTEROP"),
+    ],
+)
+def test_bad_thread_and_padding_settings_stop_start_up(env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        Settings.from_env(env)
+
+
+def test_thread_budget_defaults_and_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Let monkeypatch restore what apply_thread_budget writes.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "unset-by-test")
+    monkeypatch.setenv("RAYON_NUM_THREADS", "99")
+    before = torch.get_num_threads()
+    try:
+        settings = Settings.from_env({}).model
+        assert (settings.torch_threads, settings.tokenizer_threads) == (0, 1)
+        applied = apply_thread_budget(settings)
+        cores = len(os.sched_getaffinity(0))
+        assert applied["torch_threads"] == max(1, cores - 1) == torch.get_num_threads()
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+        assert "RAYON_NUM_THREADS" not in os.environ
+        applied = apply_thread_budget(ModelSettings(torch_threads=1, tokenizer_threads=3))
+        assert applied["torch_threads"] == 1 == torch.get_num_threads()
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        assert os.environ["RAYON_NUM_THREADS"] == "3"
+    finally:
+        torch.set_num_threads(before)
