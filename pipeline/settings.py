@@ -433,6 +433,11 @@ class SchedulerSettings:
         0.2, "prior cost of one padded token in ms, until measured (2-core CPU, MiniLM)"
     )
     latency_alpha: float = _field(0.2, "weight of the newest batch in the latency model (EWMA)")
+    handover_ms: float = _field(
+        3.0,
+        "the next batch is formed when the running one is predicted to end within this plus the "
+        "engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after it ended",
+    )
 
     def __post_init__(self) -> None:
         problems = []

@@ -101,9 +101,15 @@ class Runtime:
         self.paused: set[str] = set()  # lanes paused now, for any reason
         self._room = {lane: asyncio.Event() for lane in LANES}
         self._wake = asyncio.Event()
-        # One batch at a time is formed and run: forming it at the last moment
-        # lets late realtime requests in and keeps the deadline predictions true.
-        self._batch_slots = asyncio.Semaphore(1)
+        # A batch is formed at the last moment (late realtime requests get in and
+        # the deadline predictions stay true): with a hand-over lead, when the
+        # running one is predicted to end within it, so the engine tokenises the
+        # next meanwhile (two in the engine at most); without, after it ended.
+        overlap = settings.scheduler.handover_ms >= 0
+        self._batch_slots = asyncio.Semaphore(2 if overlap else 1)
+        self._inflight_ms: dict[int, float] = {}  # predicted run time per batch in the engine
+        self._engine_free_ms = 0.0  # when the engine is predicted to have run them all
+        self._batch_done = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._budget_changes = (0.0, 0.0)
 
@@ -189,12 +195,38 @@ class Runtime:
     # -- batches --------------------------------------------------------------
 
     async def run(self) -> None:
-        """Ask the scheduler for batches forever; one is formed and run at a time."""
+        """Ask the scheduler for batches forever, each formed at the last moment.
+
+        That moment is when the running batch is predicted (by the latency
+        model) to end within the engine's measured tokenisation time plus
+        ``scheduler.handover_ms``: the next one is tokenised while it runs.
+        """
         while True:
             await self._batch_slots.acquire()
+            await self._until_handover()
             plan = await self._next_plan()
+            now = self._clock_ms()
+            self._inflight_ms[id(plan)] = plan.predicted_ms
+            self._engine_free_ms = max(float(now), self._engine_free_ms) + plan.predicted_ms
             task = self._spawn(self._run_plan(plan))
             task.add_done_callback(lambda _t: self._batch_slots.release())
+
+    async def _until_handover(self) -> None:
+        """Wait while batches in the engine are predicted to run longer than the lead."""
+        while self._inflight_ms:
+            lead = self.settings.scheduler.handover_ms + (self.engine.tokenize_ms() or 0.0)
+            wait_ms = self._engine_free_ms - lead - self._clock_ms()
+            if wait_ms <= 0:
+                return
+            self._batch_done.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._batch_done.wait(), wait_ms / 1000)
+
+    def _batch_finished(self, plan: Plan[Work]) -> None:
+        # The engine runs batches in order: the next one starts about now.
+        self._inflight_ms.pop(id(plan), None)
+        self._engine_free_ms = self._clock_ms() + sum(self._inflight_ms.values())
+        self._batch_done.set()
 
     async def _next_plan(self) -> Plan[Work]:
         """Wait until the scheduler has a batch to run; dead-letter what it expired."""
@@ -223,7 +255,10 @@ class Runtime:
     async def _run_plan(self, plan: Plan[Work]) -> None:
         batch = [item.payload for item in plan.items]
         start = self._clock_ms()
-        ran_ms = await self._run_batch(batch)
+        try:
+            ran_ms = await self._run_batch(batch, shape=(plan.seq_len, plan.batch_shape))
+        finally:
+            self._batch_finished(plan)
         latency_ms = ran_ms if ran_ms is not None else float(self._clock_ms() - start)
         self.scheduler.observe(
             plan,
@@ -244,10 +279,14 @@ class Runtime:
             m.budget_change("shrink")
         self._budget_changes = (grows, shrinks)
 
-    async def _run_batch(self, batch: list[Work]) -> float | None:
+    async def _run_batch(
+        self, batch: list[Work], *, shape: tuple[int, int] | None = None
+    ) -> float | None:
         """Dedupe within the batch and against work in flight, then compute the rest.
 
-        Returns the model call's duration in ms, or None when nothing ran.
+        ``shape`` (sequence length, rows) is the batch's bucketed shape, for
+        the engine's padding. Returns the model call's duration in ms, or None
+        when nothing ran.
         """
         now = self._clock_ms()
         leaders: list[Work] = []
@@ -269,7 +308,7 @@ class Runtime:
             else:
                 work.served = "batch" if req.content_hash in in_this_batch else "inflight"
         if leaders:
-            return await self._compute(leaders)
+            return await self._compute(leaders, shape=shape)
         return None
 
     def _answer_known(self, work: Work) -> bool:
@@ -292,7 +331,9 @@ class Runtime:
             return True
         return False
 
-    async def _compute(self, leaders: list[Work], *, retry: bool = False) -> float:
+    async def _compute(
+        self, leaders: list[Work], *, retry: bool = False, shape: tuple[int, int] | None = None
+    ) -> float:
         """Run the leaders through the model (or its fallback while the breaker is open)."""
         now = self._clock_ms()
         engine, model = self.engine, None
@@ -315,7 +356,8 @@ class Runtime:
             work.storable = work.storable and text == work.request.text
             texts.append(text)
         try:
-            outcome = await engine.run(texts)
+            pad_to, rows = shape or (None, None)
+            outcome = await engine.run(texts, pad_to=pad_to, rows=rows)
         except InferenceError as exc:  # the engine itself is gone (shutting down)
             for work in leaders:
                 self._complete(work, None, exc)

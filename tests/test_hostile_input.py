@@ -252,13 +252,16 @@ def test_payload_over_the_cap_is_rejected_without_decoding() -> None:
 class _FakeEngine:
     """Embeds a text as its length; never fails."""
 
-    async def run(self, texts: list[str]) -> BatchOutcome:
+    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
         await asyncio.sleep(0)
         outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
         return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
 
     def busy_fraction(self) -> float:
         return 0.0
+
+    def tokenize_ms(self) -> float | None:
+        return None
 
 
 Answered = tuple[list[Any], list[Any], list[int]]

@@ -9,17 +9,28 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from tiny_model import build_tiny_bert
 
+from pipeline.client import request_bytes
 from pipeline.errors import ConfigurationError, InferenceError
-from pipeline.inference import BatchOutcome, Encoded, InferenceEngine, Prediction, load_model
+from pipeline.inference import (
+    BatchOutcome,
+    Encoded,
+    InferenceEngine,
+    Outcome,
+    Prediction,
+    load_model,
+)
 from pipeline.inference.threads import apply_thread_budget
+from pipeline.publish import Origin, Publisher
 from pipeline.settings import ModelSettings, Settings
+from pipeline.worker import Incoming, Runtime
 
 
 class StagedFake:
@@ -277,3 +288,117 @@ def test_thread_budget_defaults_and_choices(monkeypatch: pytest.MonkeyPatch) -> 
         assert os.environ["RAYON_NUM_THREADS"] == "3"
     finally:
         torch.set_num_threads(before)
+
+
+# -- the worker hands the next batch over just before the running one ends -----
+
+
+class HeldEngine:
+    """An engine whose every batch runs until the test releases it."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gates: list[asyncio.Event] = []
+
+    async def run(
+        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+    ) -> BatchOutcome:
+        self.batches.append(list(texts))
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        outcomes = [Outcome(prediction=Prediction(embedding=[1.0])) for _ in texts]
+        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
+
+    def busy_fraction(self) -> float:
+        return 0.0
+
+    def tokenize_ms(self) -> float | None:
+        return 2.0
+
+
+async def _until(check: Callable[[], bool]) -> bool:
+    for _ in range(500):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def _idle_turns() -> None:
+    """Let the batch loop run a while (it would act now if it were going to)."""
+    for _ in range(30):
+        await asyncio.sleep(0.005)
+
+
+async def _handover(handover_ms: float, late_ms: int) -> tuple[int, int]:
+    """Batch 1 is predicted to take 100 ms; batch 2 waits, full, in the scheduler.
+
+    Returns how many batches the engine had at fake times 80 ms and ``late_ms``,
+    batch 1 still running both times.
+    """
+    now = [0]
+
+    async def send(topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def ack(token: Any) -> None:
+        pass
+
+    s = Settings.from_env(
+        {
+            "PIPELINE_SCHEDULER_MAX_ITEMS": "2",
+            "PIPELINE_SCHEDULER_LATENCY_OVERHEAD_MS": "100",
+            "PIPELINE_SCHEDULER_LATENCY_MS_PER_TOKEN": "0",
+            "PIPELINE_SCHEDULER_HANDOVER_MS": str(handover_ms),
+        }
+    )
+    engine = HeldEngine()
+    runtime = Runtime(
+        s,
+        engine=engine,  # type: ignore[arg-type]
+        publisher=Publisher(send, results_topic="res", dlq_topic="dlq", retry=s.retry),
+        ack=ack,
+        clock_ms=lambda: now[0],
+    )
+    batches = asyncio.ensure_future(runtime.run())
+
+    async def submit(offset: int) -> None:
+        _rid, value = request_bytes(f"text {offset}", request_id=f"r-{offset}")
+        origin = Origin("lane.standard", 0, offset, 0, None, value)
+        await runtime.submit(Incoming(lane="standard", origin=origin, token=offset))
+
+    try:
+        for offset in range(2):
+            await submit(offset)
+        assert await _until(lambda: len(engine.batches) == 1)
+        for offset in range(2, 4):
+            await submit(offset)
+        now[0] = 80  # 20 ms left: more than the lead (handover_ms + 2 ms of tokenising)
+        await _idle_turns()
+        early = len(engine.batches)
+        now[0] = late_ms
+        await _until(lambda: len(engine.batches) == 2)
+        await _idle_turns()
+        late = len(engine.batches)
+        assert not engine.gates[0].is_set()
+        for gate in engine.gates:
+            gate.set()
+        assert await _until(lambda: len(engine.batches) == 2)
+        for gate in engine.gates:
+            gate.set()
+    finally:
+        batches.cancel()
+        await runtime.close(1.0)
+    return early, late
+
+
+def test_next_batch_is_handed_over_within_the_lead_not_earlier() -> None:
+    # Lead 10 + 2 ms: batch 2 is formed once batch 1 is predicted to end within 12 ms.
+    assert asyncio.run(_handover(10.0, late_ms=90)) == (1, 2)
+
+
+def test_negative_handover_forms_the_next_batch_only_after_the_running_one() -> None:
+    assert asyncio.run(_handover(-1.0, late_ms=10_000)) == (1, 1)
