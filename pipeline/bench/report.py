@@ -137,8 +137,27 @@ def _rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _threads_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The thread-budget sweep: texts/s per setting, and each against the first setting."""
+    lines = [
+        "| threads T:K[:H] | torch / tokenizer threads | raw serial /s | raw pipelined /s "
+        "| adaptive /s | vs first | adaptive CPU (cores) | realtime p99 ms |",
+        "|" + "---|" * 8,
+    ]
+    first = rows[0]["adaptive"] if rows else None
+    for r in rows:
+        raw = r["raw"]
+        lines.append(
+            f"| {r['setting']} | {raw['torch_threads']} / {raw['tokenizer_threads']} "
+            f"| {_fmt(raw['serial'], 1)} | {_fmt(raw['pipelined'], 1)} "
+            f"| {_fmt(r['adaptive'], 1)} | {_fmt(_ratio(r['adaptive'], first), 2)} "
+            f"| {_fmt(r['adaptive_cpu'], 2)} | {_fmt(r['adaptive_realtime_p99_ms'])} |"
+        )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """The per-phase table and the targets, in Markdown."""
+    """The per-phase table and the targets, in Markdown (and the thread sweep, if run)."""
     head = (
         "| mode | phase | offered/s | answered | throughput/s | realtime p50/p95/p99 ms "
         "| standard p50/p99 ms | bulk p50/p99 ms | missed | expired | batch | tokens/batch "
@@ -153,6 +172,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {t['target']} | {value} {t['unit']} | {sign} {t['goal']:g} {t['unit']} | {met} |"
         )
+    if report.get("threads"):
+        lines += ["", *_threads_table(report["threads"])]
     return "\n".join(lines) + "\n"
 
 

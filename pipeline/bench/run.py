@@ -10,7 +10,9 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
 - noop and the floor: ``noop_requests`` events at saturation.
 
 Modes run in the order raw, adaptive, fixed, sync, noop, floor, one worker
-process at a time, each stopped before the next starts.
+process at a time, each stopped before the next starts. Then, when ``threads``
+lists settings, the thread-budget sweep (:mod:`.threads`): per setting the
+model alone (serial and pipelined) and an adaptive worker's saturation phase.
 """
 
 from __future__ import annotations
@@ -28,8 +30,16 @@ from typing import Any
 from tqdm import tqdm
 
 from pipeline.bench.drive import floor_loop, send, wall_ms
-from pipeline.bench.modes import WORKER_MODES, Deployment, mode_env, model_settings_for, run_raw
+from pipeline.bench.modes import (
+    WORKER_MODES,
+    Deployment,
+    _length_sorted,
+    mode_env,
+    model_settings_for,
+    run_raw,
+)
 from pipeline.bench.stats import ProcProbe, batch_stats, metric_total, scrape, summarize
+from pipeline.bench.threads import ThreadSetting, raw_threads
 from pipeline.bench.workload import WorkloadSpec, generate
 from pipeline.client import RequestProducer
 from pipeline.security import security_env
@@ -59,6 +69,7 @@ class BenchConfig:
     fixed_wait_ms: int = 20
     raw_sizes: tuple[int, ...] = (4, 8, 16, 32)
     answer_timeout_s: float = 300.0
+    threads: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
@@ -250,6 +261,44 @@ def _floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str,
     return {"mode": "floor", "phases": [phase], "timeline": []}
 
 
+def _thread_sweep(
+    config: BenchConfig, bootstrap: str, settings: Settings, size: int
+) -> list[dict[str, Any]]:
+    """Per thread setting: the model alone (serial, pipelined) and an adaptive worker."""
+    texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
+    texts = _length_sorted(texts, len, 256)
+    model_env = {"PIPELINE_MODEL_DEVICE": config.device} if config.device else {}
+    if settings.model.path:
+        model_env["PIPELINE_MODEL_PATH"] = settings.model.path
+    rows = []
+    for spec in config.threads:
+        setting = ThreadSetting(spec)
+        _say(f"threads {spec}: the model alone, batch {size}, serial and pipelined")
+        raw = raw_threads(setting, texts, size=size, env=model_env)
+        env = {**model_env, **setting.env(), **security_env(settings)}
+        dep = Deployment("adaptive", bootstrap=bootstrap, out=config.out, extra_env=env)
+        workload = WorkloadSpec(n=config.requests, seed=config.seed, dup_rate=config.dup_rate)
+        try:
+            dep.start()
+            phase = _phase(dep, f"threads-{spec}", workload, config=config)
+        finally:
+            dep.stop()
+        rows.append(
+            {
+                "setting": spec,
+                "env": setting.env(),
+                "raw": raw,
+                "adaptive": phase["throughput"],
+                "adaptive_cpu": phase.get("cpu_util"),
+                "adaptive_realtime_p99_ms": phase["latency_ms"]["realtime"]["p99"],
+                "adaptive_mean_batch": phase.get("mean_batch_size"),
+                "answered": phase["answered"],
+                "sent": phase["sent"],
+            }
+        )
+    return rows
+
+
 def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[str, Any]:
     """Run ``config.modes`` against the broker at ``bootstrap``; return the report data."""
     config.out.mkdir(parents=True, exist_ok=True)
@@ -271,6 +320,10 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
                 base_rate = modes[mode]["phases"][0]["throughput"]
         elif mode == "floor":
             modes["floor"] = _floor(config, bootstrap, settings)
+    threads = []
+    if config.threads:
+        size = int(modes.get("raw", {}).get("phases", [{}])[0].get("best_batch_size", 8))
+        threads = _thread_sweep(config, bootstrap, settings, size)
     shutil.rmtree(config.out / "work", ignore_errors=True)  # RocksDB folders and worker logs
     return {
         "config": {
@@ -280,6 +333,7 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
         "started_at": started,
         "elapsed_s": time.time() - started,
         "modes": modes,
+        **({"threads": threads} if threads else {}),
     }
 
 

@@ -23,6 +23,15 @@ def _modes(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[st
     return modes
 
 
+def _threads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    from pipeline.bench.threads import parse_settings
+
+    try:
+        return parse_settings(value or "")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[float, ...]:
     if value is None:
         return ()
@@ -114,6 +123,14 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     help="Batch wait of the fixed mode.",
 )
 @click.option(
+    "--threads",
+    default=None,
+    callback=_threads,
+    help="Thread-budget sweep after the modes, e.g. 1,2 or 1:1,2:0,1:1:-1 (T torch threads, "
+    "K tokenizer threads, H hand-over ms; <0: no overlap): per setting the model alone, "
+    "serial and pipelined, and an adaptive worker's saturation phase.",
+)
+@click.option(
     "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
 )
 @click.pass_obj
@@ -133,6 +150,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     device: str | None,
     fixed_batch: int,
     fixed_wait_ms: int,
+    threads: tuple[str, ...],
     keep_broker: bool,
 ) -> None:
     """Benchmark the pipeline against its baselines on a real broker and worker.
@@ -153,6 +171,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --quick --modes noop,adaptive      # smoke test, ~1 minute
       pipeline bench --out docs/bench                   # the full run, ~10 minutes on 2 cores
       pipeline bench --device cuda --modes raw,adaptive,sync --requests 5000
+      pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
     """
     from pipeline.bench import run_bench, write_report
     from pipeline.kafka_local import LocalKafka
@@ -167,6 +186,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         "rate": rate,
         "fixed_batch": fixed_batch,
         "fixed_wait_ms": fixed_wait_ms,
+        "threads": threads,
     }
     if requests is not None:
         changes["requests"] = requests
