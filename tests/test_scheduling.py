@@ -45,11 +45,20 @@ def drive(
     arrivals: list[Item[int]],
     latency: Callable[[Plan[int]], float] = cpu_ms,
     until: int | None = None,
+    *,
+    utilisation: float | None = None,
+    max_steps: int = 100_000,
 ) -> Run:
-    """Run one engine against the scheduler on a fake clock until all work is done."""
+    """Run one engine against the scheduler on a fake clock until all work is done.
+
+    Stops at ``until`` when given; fails when the scheduler has not drained
+    after ``max_steps`` steps (each step offers, waits or runs one batch).
+    """
     arrivals = sorted(arrivals, key=lambda it: it.arrived_ms)
     now, i, plans = 0, 0, []
-    while until is None or now < until:
+    for _ in range(max_steps):
+        if until is not None and now >= until:
+            break
         while i < len(arrivals) and arrivals[i].arrived_ms <= now:
             assert sched.offer(arrivals[i])
             i += 1
@@ -69,7 +78,9 @@ def drive(
             if plan.items:
                 ms = latency(plan)
                 now += math.ceil(ms)
-                sched.observe(plan, latency_ms=ms, utilisation=None, now_ms=now)
+                sched.observe(plan, latency_ms=ms, utilisation=utilisation, now_ms=now)
+    else:
+        raise AssertionError("the scheduler never drained")
     return plans
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scheduling import drive
 
-from pipeline.scheduling import Controller, Item, Plan, Scheduler
+from pipeline.scheduling import Controller, Item, Scheduler
 from pipeline.settings import LANES, SchedulerSettings
 
 
@@ -56,32 +56,9 @@ def test_every_item_comes_out_once_within_caps_in_edf_order(
     sched: Scheduler[int] = Scheduler(
         config, expire_lanes=expire, controller=Controller(config, slo_ms=200)
     )
-    arrivals = sorted(items, key=lambda it: it.arrived_ms)
-    now, i = 0, 0
-    plans: list[tuple[int, Plan[int]]] = []
-    for _ in range(100_000):
-        while i < len(arrivals) and arrivals[i].arrived_ms <= now:
-            assert sched.offer(arrivals[i])
-            i += 1
-        wait = sched.wait_ms(now)
-        nxt = arrivals[i].arrived_ms if i < len(arrivals) else None
-        if wait is None:
-            if nxt is None:
-                break
-            now = nxt
-        elif wait > 0:
-            assert sched.next_batch(now) is None
-            now = now + wait if nxt is None else min(now + wait, nxt)
-        else:
-            plan = sched.next_batch(now)
-            assert plan is not None
-            plans.append((now, plan))
-            if plan.items:
-                ms = 5 + ms_per_token * plan.padded_tokens
-                now += math.ceil(ms)
-                sched.observe(plan, latency_ms=ms, utilisation=utilisation, now_ms=now)
-    else:
-        raise AssertionError("the scheduler never drained")
+    plans = drive(
+        sched, items, lambda plan: 5 + ms_per_token * plan.padded_tokens, utilisation=utilisation
+    )
 
     out = [it.payload for _, p in plans for it in p.items + p.expired]
     assert sorted(out) == sorted(it.payload for it in items)  # exactly once
