@@ -9,7 +9,12 @@ from pathlib import Path
 import click
 
 from pipeline.bench.run import MODES, BenchConfig
-from pipeline.commands.options import bootstrap_option
+from pipeline.commands.options import (
+    bootstrap_option,
+    keep_broker_option,
+    local_broker_unless,
+    seed_option,
+)
 from pipeline.settings import Settings
 
 __all__ = ["bench"]
@@ -94,7 +99,7 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     show_default=True,
     help="Share of requests repeating a hot text (Zipf-skewed hot set).",
 )
-@click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
+@seed_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -130,9 +135,7 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     "K tokenizer threads, H hand-over ms; <0: no overlap): per setting the model alone, "
     "serial and pipelined, and an adaptive worker's saturation phase.",
 )
-@click.option(
-    "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
-)
+@keep_broker_option
 @click.pass_obj
 def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     settings: Settings,
@@ -174,7 +177,6 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
     """
     from pipeline.bench import run_bench, write_report
-    from pipeline.kafka_local import LocalKafka
 
     config = BenchConfig.quick() if quick else BenchConfig()
     changes: dict[str, object] = {
@@ -200,20 +202,8 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         changes["raw_sizes"] = (16, 32, 64, 128, 256)
     config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
-    broker = None
-    if not bootstrap:
-        broker = LocalKafka(settings.local_kafka)
-        was_running = bool(broker.status()["running"])
-        click.echo("==> local broker " + ("reused" if was_running else "starting"), err=True)
-        bootstrap = broker.up()
-        if was_running:
-            broker = None  # not ours to stop
-    try:
-        report = run_bench(config, settings, bootstrap)
-    finally:
-        if broker is not None and not keep_broker:
-            click.echo("==> stopping the local broker", err=True)
-            broker.down()
+    with local_broker_unless(bootstrap, settings, keep=keep_broker) as address:
+        report = run_bench(config, settings, address)
     paths = write_report(report, out)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
     for kind, path in paths.items():

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
-from pipeline.commands.options import bootstrap_option
+from pipeline.commands.options import (
+    bootstrap_option,
+    keep_broker_option,
+    local_broker_unless,
+    seed_option,
+)
 from pipeline.dashboard.panels import DASHBOARD_JSON, DEFAULT_PANELS, Panel, load_panels
 from pipeline.settings import Settings
 
@@ -234,11 +241,11 @@ def _write(out: Path, png: bytes) -> None:
 @click.option("--queue-size", type=click.IntRange(1), default=128, show_default=True,
               help="The worker's PIPELINE_SCHEDULER_QUEUE_SIZE (small: a burst pauses lanes)."
               )  # fmt: skip
-@click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
+@seed_option
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the worker's data and logs and Prometheus' data "
               "[a temporary folder, removed afterwards].")  # fmt: skip
-@click.option("--keep-broker", is_flag=True, help="Leave a local broker this command started.")
+@keep_broker_option
 @_dashboard_option
 @_panel_option
 @_step_option
@@ -289,7 +296,6 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     from pipeline.dashboard.prometheus import INSTALL_HINT
     from pipeline.dashboard.record import Scenario, record
     from pipeline.errors import ConfigurationError
-    from pipeline.kafka_local import LocalKafka
 
     if shutil.which("prometheus") is None:  # say so before a broker and a worker start
         raise ConfigurationError(f"`prometheus` is not on PATH; {INSTALL_HINT}")
@@ -305,31 +311,19 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         queue_size=queue_size,
         seed=seed,
     )
-    broker = None
-    if not bootstrap:
-        broker = LocalKafka(settings.local_kafka)
-        was_running = bool(broker.status()["running"])
-        click.echo("==> local broker " + ("reused" if was_running else "starting"), err=True)
-        bootstrap = broker.up()
-        if was_running:
-            broker = None  # not ours to stop
-    tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="pipeline-dash-")
-    try:
+    with (
+        local_broker_unless(bootstrap, settings, keep=keep_broker) as address,
+        _workdir(workdir) as work,
+    ):
         run = record(
-            bootstrap,
+            address,
             panels,
             scenario,
-            workdir or Path(tmp.name if tmp else "."),
+            work,
             step_s=step,
             rate_interval=rate_interval,
             say=lambda m: click.echo(f"==> {m}", err=True),
         )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-        if broker is not None and not keep_broker:
-            click.echo("==> stopping the local broker", err=True)
-            broker.down()
     if save_series is not None:
         dump(run.curves, save_series)
     command = "pipeline dashboard " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -342,6 +336,16 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     )
     title = "Pipeline dashboard: healthy → overload burst → recovery"
     _write(out, render(panels, run.curves, title=title, caption=caption))
+
+
+@contextlib.contextmanager
+def _workdir(workdir: Path | None) -> Iterator[Path]:
+    """``workdir``, or a temporary folder removed on exit."""
+    if workdir is not None:
+        yield workdir
+        return
+    with tempfile.TemporaryDirectory(prefix="pipeline-dash-") as tmp:
+        yield Path(tmp)
 
 
 def _model(info: dict[str, str]) -> str:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import click
 
 from pipeline.settings import Settings
 
-__all__ = ["bootstrap_option", "with_bootstrap"]
+__all__ = [
+    "bootstrap_option",
+    "keep_broker_option",
+    "local_broker_unless",
+    "seed_option",
+    "with_bootstrap",
+]
 
 
 def with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
@@ -18,9 +26,38 @@ def with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
     return settings.replace(kafka=dataclasses.replace(settings.kafka, bootstrap_servers=bootstrap))
 
 
+@contextlib.contextmanager
+def local_broker_unless(bootstrap: str | None, settings: Settings, *, keep: bool) -> Iterator[str]:
+    """Yield ``bootstrap``, or without it the local broker's address.
+
+    The local broker is started (or reused) as by ``pipeline kafka up``; on
+    exit it is stopped if this call started it, unless ``keep``. Says on
+    stderr what it does with the broker.
+    """
+    if bootstrap:
+        yield bootstrap
+        return
+    from pipeline.kafka_local import LocalKafka
+
+    broker = LocalKafka(settings.local_kafka)
+    was_running = bool(broker.status()["running"])
+    click.echo("==> local broker " + ("reused" if was_running else "starting"), err=True)
+    address = broker.up()
+    try:
+        yield address
+    finally:
+        if not was_running and not keep:
+            click.echo("==> stopping the local broker", err=True)
+            broker.down()
+
+
 bootstrap_option = click.option(
     "--bootstrap",
     "-b",
     default=None,
     help="Kafka bootstrap servers (default: PIPELINE_KAFKA_BOOTSTRAP_SERVERS).",
 )
+keep_broker_option = click.option(
+    "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
+)
+seed_option = click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
