@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import re
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,6 +24,7 @@ from pipeline.commands.options import (
     seed_option,
 )
 from pipeline.dashboard.panels import DASHBOARD_JSON, DEFAULT_PANELS, Panel, load_panels
+from pipeline.dashboard.series import Curves
 from pipeline.settings import Settings
 
 __all__ = ["dashboard_group"]
@@ -93,10 +97,57 @@ _save_option = click.option(
 )
 
 
-def _panels(path: Path, titles: tuple[str, ...]) -> list[Panel]:
-    if titles == ("all",):
-        return load_panels(path)
-    return load_panels(path, list(titles) or list(DEFAULT_PANELS))
+_DRAWING_OPTIONS = (
+    _dashboard_option,
+    _panel_option,
+    _step_option,
+    _rate_option,
+    _save_option,
+    _out_option,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Drawing:
+    """The flags of both drawing commands: which panels, how sampled, where the PNG goes."""
+
+    dashboard_path: Path
+    titles: tuple[str, ...]
+    step: float
+    rate_interval: str | None
+    save_series: Path | None
+    out: Path
+
+    def panels(self) -> list[Panel]:
+        """The --panel titles' panels (--panel all: every one; none: the default set)."""
+        if self.titles == ("all",):
+            return load_panels(self.dashboard_path)
+        return load_panels(self.dashboard_path, list(self.titles) or list(DEFAULT_PANELS))
+
+    def write(self, panels: list[Panel], curves: Curves, *, title: str, caption: str) -> None:
+        """Save the curves to --save-series when given, then draw the PNG to --out."""
+        from pipeline.dashboard import dump, render
+
+        if self.save_series is not None:
+            dump(curves, self.save_series)
+        png = render(panels, curves, title=title, caption=caption)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_bytes(png)
+        click.echo(f"wrote {self.out} ({len(png) // 1024} KiB)", err=True)
+
+
+def _drawing_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add the drawing flags to ``command``, which gets them as one ``drawing`` argument."""
+
+    @functools.wraps(command)
+    def bundled(*args: Any, **kwargs: Any) -> None:
+        flags = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(_Drawing)}
+        command(*args, drawing=_Drawing(**flags), **kwargs)
+
+    decorated: Callable[..., None] = bundled
+    for option in reversed(_DRAWING_OPTIONS):  # as if stacked above ``command`` in this order
+        decorated = option(decorated)
+    return decorated
 
 
 @click.group("dashboard")
@@ -158,12 +209,7 @@ def panels_cmd(dashboard_path: Path) -> None:
 )
 @click.option("--title", default="Pipeline dashboard", show_default=True, help="Figure title.")
 @click.option("--caption", default="", help="A line under the figure (what run, what machine).")
-@_dashboard_option
-@_panel_option
-@_step_option
-@_rate_option
-@_save_option
-@_out_option
+@_drawing_options
 def render_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     url: str,
     since: float,
@@ -175,12 +221,7 @@ def render_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     series_file: Path | None,
     title: str,
     caption: str,
-    dashboard_path: Path,
-    titles: tuple[str, ...],
-    step: float,
-    rate_interval: str | None,
-    save_series: Path | None,
-    out: Path,
+    drawing: _Drawing,
 ) -> None:
     """Draw the dashboard's panels over a past time range from a running Prometheus.
 
@@ -191,10 +232,10 @@ def render_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
           --end 2026-12-02T17:20:00 --step 5 --panel "Queue depth by lane"
       pipeline dashboard render --series run.json --out again.png   # no Prometheus needed
     """
-    from pipeline.dashboard import PrometheusClient, dump, fetch, load, render
+    from pipeline.dashboard import PrometheusClient, fetch, load
     from pipeline.dashboard.panels import grafana_rate_interval
 
-    panels = _panels(dashboard_path, titles)
+    panels = drawing.panels()
     if series_file is not None:
         curves = load(series_file)
     else:
@@ -205,20 +246,13 @@ def render_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
             panels,
             start=begin,
             end=stop,
-            step_s=step,
-            rate_interval=rate_interval or grafana_rate_interval(step, scrape_interval),
+            step_s=drawing.step,
+            rate_interval=drawing.rate_interval
+            or grafana_rate_interval(drawing.step, scrape_interval),
             instance=instance,
             lane=lane,
         )
-    if save_series is not None:
-        dump(curves, save_series)
-    _write(out, render(panels, curves, title=title, caption=caption))
-
-
-def _write(out: Path, png: bytes) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(png)
-    click.echo(f"wrote {out} ({len(png) // 1024} KiB)", err=True)
+    drawing.write(panels, curves, title=title, caption=caption)
 
 
 @dashboard_group.command("record")
@@ -246,12 +280,7 @@ def _write(out: Path, png: bytes) -> None:
               help="Folder for the worker's data and logs and Prometheus' data "
               "[a temporary folder, removed afterwards].")  # fmt: skip
 @keep_broker_option
-@_dashboard_option
-@_panel_option
-@_step_option
-@_rate_option
-@_save_option
-@_out_option
+@_drawing_options
 @click.pass_obj
 def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     settings: Settings,
@@ -267,12 +296,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     seed: int,
     workdir: Path | None,
     keep_broker: bool,
-    dashboard_path: Path,
-    titles: tuple[str, ...],
-    step: float,
-    rate_interval: str | None,
-    save_series: Path | None,
-    out: Path,
+    drawing: _Drawing,
 ) -> None:
     """Make a real run and draw it: worker, Prometheus, healthy → overload → recovery.
 
@@ -292,14 +316,13 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     """
     import shutil
 
-    from pipeline.dashboard import dump, render
     from pipeline.dashboard.prometheus import INSTALL_HINT
     from pipeline.dashboard.record import Scenario, record
     from pipeline.errors import ConfigurationError
 
     if shutil.which("prometheus") is None:  # say so before a broker and a worker start
         raise ConfigurationError(f"`prometheus` is not on PATH; {INSTALL_HINT}")
-    panels = _panels(dashboard_path, titles)
+    panels = drawing.panels()
     scenario = Scenario(
         healthy_s=healthy,
         overload_s=overload,
@@ -320,12 +343,10 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
             panels,
             scenario,
             work,
-            step_s=step,
-            rate_interval=rate_interval,
+            step_s=drawing.step,
+            rate_interval=drawing.rate_interval,
             say=lambda m: click.echo(f"==> {m}", err=True),
         )
-    if save_series is not None:
-        dump(run.curves, save_series)
     command = "pipeline dashboard " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     caption = (
         f"A real run on {os.cpu_count()} CPU cores shared with other work, "
@@ -335,7 +356,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         f"{run.curves.rate_interval}.\n`{command}`"
     )
     title = "Pipeline dashboard: healthy → overload burst → recovery"
-    _write(out, render(panels, run.curves, title=title, caption=caption))
+    drawing.write(panels, run.curves, title=title, caption=caption)
 
 
 @contextlib.contextmanager
