@@ -20,12 +20,12 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pipeline.dashboard.panels import Panel
 from pipeline.dashboard.series import Curves, Series
 
-__all__ = ["figure", "render"]
+__all__ = ["Layout", "figure", "render"]
 
 LANE_COLOURS = {"realtime": "tab:red", "standard": "tab:blue", "bulk": "tab:green"}
 OTHER_COLOURS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -95,6 +95,15 @@ def _draw(ax: object, panel: Panel, series: Sequence[Series], start: float) -> N
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
+class Layout(TypedDict, total=False):
+    """:func:`figure`'s keyword arguments, which :func:`render` passes on."""
+
+    title: str
+    caption: str
+    phases: Sequence[tuple[float, float, str]] | None
+    columns: int
+
+
 def figure(
     panels: Sequence[Panel],
     curves: Curves,
@@ -135,17 +144,10 @@ def figure(
 
 
 def render(
-    panels: Sequence[Panel],
-    curves: Curves,
-    *,
-    title: str = "",
-    caption: str = "",
-    phases: Sequence[tuple[float, float, str]] | None = None,
-    columns: int = 2,
-    dpi: int = 100,
+    panels: Sequence[Panel], curves: Curves, *, dpi: int = 100, **layout: Unpack[Layout]
 ) -> bytes:
-    """The PNG of :func:`figure`."""
-    fig = figure(panels, curves, title=title, caption=caption, phases=phases, columns=columns)
+    """The PNG of :func:`figure`, drawn with ``layout``."""
+    fig = figure(panels, curves, **layout)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
