@@ -19,6 +19,7 @@ import click
 
 from pipeline.commands.options import (
     bootstrap_option,
+    epoch_ms,
     keep_broker_option,
     local_broker_unless,
     seed_option,
@@ -42,15 +43,9 @@ def _duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
-def _time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
-    from pipeline.replay.plan import parse_time
-
-    if value is None:
-        return None
-    try:
-        return parse_time(value) / 1000.0
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+def _time(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    ms = epoch_ms(ctx, param, value)
+    return None if ms is None else ms / 1000.0
 
 
 _dashboard_option = click.option(

@@ -12,6 +12,7 @@ from pipeline.settings import Settings
 
 __all__ = [
     "bootstrap_option",
+    "epoch_ms",
     "keep_broker_option",
     "local_broker_unless",
     "seed_option",
@@ -24,6 +25,18 @@ def with_bootstrap(settings: Settings, bootstrap: str | None) -> Settings:
     if not bootstrap:
         return settings
     return settings.replace(kafka=dataclasses.replace(settings.kafka, bootstrap_servers=bootstrap))
+
+
+def epoch_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """Click callback: an ISO 8601 time (no zone = UTC) or epoch ms, as epoch ms."""
+    from pipeline.replay.plan import parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @contextlib.contextmanager

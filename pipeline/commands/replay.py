@@ -6,21 +6,10 @@ from typing import TextIO
 
 import click
 
-from pipeline.commands.options import bootstrap_option, with_bootstrap
+from pipeline.commands.options import bootstrap_option, epoch_ms, with_bootstrap
 from pipeline.settings import Settings
 
 __all__ = ["replay_dlq"]
-
-
-def _epoch_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from pipeline.replay import parse_time
-
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 @click.command("replay-dlq")
@@ -34,7 +23,7 @@ def _epoch_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 )
 @click.option(
     "--from-time",
-    callback=_epoch_ms,
+    callback=epoch_ms,
     default=None,
     help="Start at the first dead letter written at/after this time (ISO 8601 or epoch ms).",
 )
@@ -62,13 +51,13 @@ def _epoch_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 )
 @click.option(
     "--since",
-    callback=_epoch_ms,
+    callback=epoch_ms,
     default=None,
     help="Only dead letters that failed at/after this time (ISO 8601 or epoch ms).",
 )
 @click.option(
     "--until",
-    callback=_epoch_ms,
+    callback=epoch_ms,
     default=None,
     help="Only dead letters that failed before this time (ISO 8601 or epoch ms).",
 )
