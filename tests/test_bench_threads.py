@@ -44,13 +44,14 @@ def test_report_shows_each_setting_against_the_first() -> None:
             "raw": raw,
             "adaptive": adaptive,
             "adaptive_cpu": 1.5,
+            "adaptive_per_core": adaptive / 1.5,
             "adaptive_realtime_p99_ms": 120.0,
         }
 
     report = {"modes": {}, "threads": [row("1:1", 40.0), row("2:0", 30.0)]}
     text = markdown(report)
     assert "| threads T:K[:H] |" in text
-    assert "| 2:0 | 1 / 1 | 50.0 | 55.0 | 30.0 | 0.75 | 1.50 | 120 |" in text
+    assert "| 2:0 | 1 / 1 | 50.0 | 55.0 | 30.0 | 0.75 | 1.50 | 20.0 | 0.75 | 120 |" in text
 
 
 def test_probe_measures_the_model_alone_under_the_setting() -> None:

@@ -141,17 +141,22 @@ def _threads_table(rows: list[dict[str, Any]]) -> list[str]:
     """The thread-budget sweep: texts/s per setting, and each against the first setting."""
     lines = [
         "| threads T:K[:H] | torch / tokenizer threads | raw serial /s | raw pipelined /s "
-        "| adaptive /s | vs first | adaptive CPU (cores) | realtime p99 ms |",
-        "|" + "---|" * 8,
+        "| adaptive /s | vs first | adaptive CPU (cores) | adaptive /core-s | vs first "
+        "| realtime p99 ms |",
+        "|" + "---|" * 10,
     ]
     first = rows[0]["adaptive"] if rows else None
+    first_per_core = rows[0].get("adaptive_per_core") if rows else None
     for r in rows:
+        per_core = r.get("adaptive_per_core")
         raw = r["raw"]
         lines.append(
             f"| {r['setting']} | {raw['torch_threads']} / {raw['tokenizer_threads']} "
             f"| {_fmt(raw['serial'], 1)} | {_fmt(raw['pipelined'], 1)} "
             f"| {_fmt(r['adaptive'], 1)} | {_fmt(_ratio(r['adaptive'], first), 2)} "
-            f"| {_fmt(r['adaptive_cpu'], 2)} | {_fmt(r['adaptive_realtime_p99_ms'])} |"
+            f"| {_fmt(r['adaptive_cpu'], 2)} | {_fmt(per_core, 1)} "
+            f"| {_fmt(_ratio(per_core, first_per_core), 2)} "
+            f"| {_fmt(r['adaptive_realtime_p99_ms'])} |"
         )
     return lines
 

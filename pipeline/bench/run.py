@@ -290,6 +290,9 @@ def _thread_sweep(
                 "raw": raw,
                 "adaptive": phase["throughput"],
                 "adaptive_cpu": phase.get("cpu_util"),
+                "adaptive_per_core": (
+                    phase["throughput"] / phase["cpu_util"] if phase.get("cpu_util") else None
+                ),
                 "adaptive_realtime_p99_ms": phase["latency_ms"]["realtime"]["p99"],
                 "adaptive_mean_batch": phase.get("mean_batch_size"),
                 "answered": phase["answered"],

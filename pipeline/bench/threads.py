@@ -8,8 +8,10 @@ what it means in the settings (``T``: cores - 1; ``K``: the library's pool).
 For each setting :func:`raw_threads` runs the model alone in a fresh process
 (thread pools are fixed per process once used), at one batch size: serially
 (tokenize, then forward) and pipelined through the engine (the next batch
-tokenised while one computes). ``run_bench`` adds an adaptive worker's
-saturated throughput per setting.
+tokenised while one computes), alternating the two over four slices of the
+texts so that load from elsewhere weighs on both alike. ``run_bench`` adds an
+adaptive worker's saturated throughput per setting, also per core-second of
+CPU it got (on a shared machine the fairer figure).
 """
 
 from __future__ import annotations
@@ -93,17 +95,16 @@ def _child() -> None:
     model = load_model(settings)
     applied = apply_thread_budget(settings)
     batches = [texts[i : i + size] for i in range(0, len(texts), size)]
-    model.predict(batches[0])  # warm-up
-    start = time.perf_counter()
-    for batch in batches:
-        model.forward(model.tokenize(batch))
-    serial_s = time.perf_counter() - start
-
     engine = InferenceEngine(model)
     engine.start()
 
-    async def pipelined() -> float:
-        await engine.run(batches[0])  # warm-up
+    def serial(part: list[list[str]]) -> float:
+        t0 = time.perf_counter()
+        for batch in part:
+            model.forward(model.tokenize(batch))
+        return time.perf_counter() - t0
+
+    async def pipelined(part: list[list[str]]) -> float:
         room = asyncio.Semaphore(2)  # as the worker: one running, one being prepared
 
         async def one(batch: list[str]) -> None:
@@ -111,11 +112,22 @@ def _child() -> None:
                 await engine.run(batch)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(one(b) for b in batches))
+        await asyncio.gather(*(one(b) for b in part))
         return time.perf_counter() - t0
 
+    serial_s = pipelined_s = 0.0
     try:
-        pipelined_s = asyncio.run(pipelined())
+        serial(batches[:1])  # warm-up, both ways
+        asyncio.run(pipelined(batches[:1]))
+        step = max(1, -(-len(batches) // 4))
+        for k, i in enumerate(range(0, len(batches), step)):
+            part = batches[i : i + step]
+            if k % 2:
+                pipelined_s += asyncio.run(pipelined(part))
+                serial_s += serial(part)
+            else:
+                serial_s += serial(part)
+                pipelined_s += asyncio.run(pipelined(part))
     finally:
         engine.stop(timeout=60)
     print(

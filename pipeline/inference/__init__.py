@@ -1,8 +1,9 @@
-"""Inference stage: model loading, the engine thread, device telemetry.
+"""Inference stage: model loading, the engine threads, device telemetry.
 
 Free of Kafka and Faust. ``load_model`` builds a :class:`Model`;
-:class:`InferenceEngine` runs it on its own thread and returns one
-:class:`Outcome` per input; :class:`DeviceTelemetry` reads the GPU.
+:class:`InferenceEngine` runs it on its own threads (the next batch is
+tokenised while one computes) and returns one :class:`Outcome` per input;
+:class:`DeviceTelemetry` reads the GPU.
 """
 
 from pipeline.inference.engine import (
