@@ -1,0 +1,187 @@
+"""Settings of the serving stages: validation, model, bounds, retries, dedupe, worker,
+metrics and logs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pipeline.errors import ConfigurationError
+from pipeline.settings._fields import _default_cache, _field
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSettings:
+    """Size caps on input; what breaks them is dead-lettered (stage ``validate``)."""
+
+    max_payload_bytes: int = _field(65536, "largest request value accepted, in bytes")
+    max_text_chars: int = _field(8192, "longest text accepted, in characters")
+
+
+#: How the engine pads a batch (``ModelSettings.padding``).
+PADDINGS: tuple[str, ...] = ("auto", "longest", "bucket", "shape")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Which model runs, where, and how."""
+
+    path: str = _field("", "Hugging Face model folder; empty means the bundled all-MiniLM-L6-v2")
+    name: str = _field("", "model name reported in results; empty means derived from the path")
+    version: str = _field("1", "model version; stored results of another version are ignored")
+    task: str = _field(
+        "embed",
+        "embed (mean-pooled, L2-normalised), classify (label, score), or noop (no model: a "
+        "fixed tiny embedding, to measure the pipeline's own cost)",
+    )
+    device: str = _field("auto", "auto, cpu or cuda")
+    max_length: int = _field(256, "tokens per text; longer texts are truncated")
+    torch_threads: int = _field(
+        0, "torch intra-op threads; 0 means cores - 1 (at least 1): the event loop keeps a core"
+    )
+    torch_interop_threads: int = _field(
+        1, "torch inter-op threads (eager inference uses none; 0: cores - 1); fixed per process"
+    )
+    tokenizer_threads: int = _field(
+        1,
+        "tokenizer threads: 1 tokenizes on the engine's tokenizer thread alone "
+        "(TOKENIZERS_PARALLELISM=false); N > 1 a rayon pool of N; 0 the library's (one per core)",
+    )
+    padding: str = _field(
+        "auto",
+        "longest (pad a batch to its longest text), bucket (to the scheduler's sequence bucket), "
+        "shape (bucket, and rows up to the batch-size bucket); auto: bucket on CUDA, else longest",
+    )
+    fail_on: str = _field(
+        "", "testing aid: a regex; texts matching it make the model raise (fault injection)"
+    )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.padding not in PADDINGS:
+            problems.append(f"PADDING={self.padding!r}: expected one of {', '.join(PADDINGS)}")
+        for name in ("torch_threads", "torch_interop_threads", "tokenizer_threads"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name.upper()}={getattr(self, name)}: must be >= 0")
+        if problems:
+            raise ConfigurationError("PIPELINE_MODEL_" + "; PIPELINE_MODEL_".join(problems))
+
+    @property
+    def display_name(self) -> str:
+        """The model's name in results: ``name``, else the folder's name."""
+        if self.name:
+            return self.name
+        if self.task == "noop":  # never shares content hashes or stored results with a model
+            return "noop"
+        return Path(self.path).name if self.path else "all-MiniLM-L6-v2"
+
+    @property
+    def model_id(self) -> str:
+        """``name@version``: part of every content hash, so versions never share results."""
+        return f"{self.display_name}@{self.version}"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSettings:
+    """Bounds on work between intake and acknowledgement (batches: see ``scheduler``)."""
+
+    max_inflight: int = _field(
+        2048, "per lane: most requests accepted but not yet acknowledged (then intake waits)"
+    )
+    stream_buffer: int = _field(
+        1024,
+        "per lane topic: records Faust may buffer ahead of the agent; bounds memory while "
+        "a lane is paused (Faust then stops fetching its partitions)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrySettings:
+    """Bounded retries with exponential backoff and full jitter."""
+
+    max_attempts: int = _field(3, "tries of a failing input before it is dead-lettered")
+    backoff_base_ms: int = _field(50, "first backoff, doubled per attempt")
+    backoff_max_ms: int = _field(2000, "largest backoff")
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupeSettings:
+    """The stored-result level of dedupe (RocksDB table)."""
+
+    ttl_s: int = _field(7 * 24 * 3600, "seconds a stored result stays valid")
+    enabled: bool = _field(True, "serve repeated texts from stored results")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """The Faust worker process."""
+
+    app_id: str = _field("inference-pipeline", "Faust app id (also the consumer group)")
+    data_dir: str = _field(str(Path(_default_cache()) / "worker-data"), "folder for RocksDB tables")
+    web_host: str = _field("127.0.0.1", "host the worker's web server binds to")
+    web_port: int = _field(6066, "port of the worker's web server")
+    lane_deadline_ms_realtime: int = _field(200, "default deadline of a realtime request")
+    lane_deadline_ms_standard: int = _field(2000, "default deadline of a standard request")
+    lane_deadline_ms_bulk: int = _field(60000, "default deadline of a bulk request")
+    expire_lanes: str = _field(
+        "realtime",
+        "comma-separated lanes whose requests are dead-lettered (stage expired) instead of "
+        "computed once their deadline has passed; other lanes run late",
+    )
+    log_payloads: bool = _field(False, "include request text in logs (off: never log payloads)")
+    producer_linger_ms: int = _field(
+        5, "results and dead letters wait up to this long to share one produce request"
+    )
+    event_loop: str = _field(
+        "uvloop",
+        "the worker's asyncio event loop: uvloop (a quarter less CPU per event) or asyncio",
+    )
+
+    def __post_init__(self) -> None:
+        if self.event_loop not in {"uvloop", "asyncio"}:
+            raise ConfigurationError(
+                f"PIPELINE_WORKER_EVENT_LOOP={self.event_loop!r}: expected uvloop or asyncio"
+            )
+
+    def lane_deadline_ms(self, lane: str) -> int:
+        return int(getattr(self, f"lane_deadline_ms_{lane}"))
+
+    def expires(self, lane: str) -> bool:
+        """Whether a late request of ``lane`` is expired rather than computed."""
+        return lane in {x.strip() for x in self.expire_lanes.split(",")}
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsSettings:
+    """The worker's Prometheus endpoint (``pipeline.metrics``)."""
+
+    enabled: bool = _field(True, "serve Prometheus metrics at http://HOST:PORT/metrics")
+    host: str = _field("127.0.0.1", "host the metrics endpoint binds to (0.0.0.0 in containers)")
+    port: int = _field(9108, "port of the metrics endpoint; 0 disables it (one per worker)")
+    sample_interval_s: float = _field(
+        5.0, "seconds between readings of gauges (queue depth, GPU, consumer lag)"
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigurationError(f"PIPELINE_METRICS_PORT={self.port}: expected 0..65535")
+        if self.sample_interval_s <= 0:
+            raise ConfigurationError("PIPELINE_METRICS_SAMPLE_INTERVAL_S must be positive")
+
+
+_LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSettings:
+    """How the worker logs (``pipeline.logs``); payload text never appears unless
+    ``PIPELINE_WORKER_LOG_PAYLOADS`` is on."""
+
+    format: str = _field("text", "text (human) or json (one object per line, for collectors)")
+    level: str = _field("", "root log level (DEBUG, INFO, ...); empty keeps the worker's -l")
+
+    def __post_init__(self) -> None:
+        if self.format not in {"text", "json"}:
+            raise ConfigurationError(f"PIPELINE_LOG_FORMAT={self.format!r}: expected text or json")
+        if self.level and self.level.upper() not in _LOG_LEVELS:
+            raise ConfigurationError(f"PIPELINE_LOG_LEVEL={self.level!r}: not a log level")
