@@ -314,6 +314,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     from pipeline.dashboard.prometheus import INSTALL_HINT
     from pipeline.dashboard.record import Scenario, record
     from pipeline.errors import ConfigurationError
+    from pipeline.security import security_env
 
     if shutil.which("prometheus") is None:  # say so before a broker and a worker start
         raise ConfigurationError(f"`prometheus` is not on PATH; {INSTALL_HINT}")
@@ -340,6 +341,7 @@ def record_cmd(  # noqa: PLR0917  (one parameter per flag, as click passes them)
             work,
             step_s=drawing.step,
             rate_interval=drawing.rate_interval,
+            extra_env=security_env(settings),  # the worker connects as this command does
             say=lambda m: click.echo(f"==> {m}", err=True),
         )
     command = "pipeline dashboard " + " ".join(shlex.quote(a) for a in sys.argv[2:])
