@@ -12,12 +12,15 @@ to drop lane records below its "read offset" (``app.py``), and (2) checks
 every lane record against the next offset it expected for its partition. A
 record past that offset means records were skipped: the worker seeks back and
 reads them again. Records buffered before the seek (all past the hole) are
-passed over. The first record fetched after the seek tells what happened: the
-one sought for (the hole is filled), or a later one, still inside the hole
-(those offsets did not come back). A hole is accepted as real (transaction
-markers, say) only when the same first record comes back after
-:data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a record that repeats, or a
-stream that restarts past the hole, means a seek was lost, and it is redone.
+passed over, and so is a record delivered again below the expected offset
+(Faust's own seeks and buffers deliver some twice): it was processed already,
+and processing it again would only answer it twice. The first record fetched
+after the seek tells what happened: the one sought for (the hole is filled),
+or a later one, still inside the hole (those offsets did not come back). A
+hole is accepted as real (transaction markers, say) only when the same first
+record comes back after :data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a
+record that repeats, or a stream that restarts past the hole, means a seek
+was lost, and it is redone.
 
 Pure: no Faust imports; the caller performs the seek.
 """
@@ -66,9 +69,13 @@ class Continuity:
     def check(self, partition: Hashable, offset: int) -> Verdict:
         """Judge the next record of ``partition``; call for every record, in order."""
         expected = self._expected.get(partition)
+        if expected is not None and offset < expected:
+            # Delivered again: processed (or accepted as a hole) already since the
+            # partition was assigned, so its answer and release are under way.
+            return Verdict(process=False)
         pending = self._pending.get(partition)
         if pending is not None:
-            if offset <= pending.sought:  # the record sought for, or an older rewind
+            if offset == pending.sought:  # the record sought for
                 del self._pending[partition]
             elif offset <= pending.first:  # fetched after the seek, yet past the hole
                 seeks = pending.seeks + 1 if offset == pending.first else 1

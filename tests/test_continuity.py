@@ -61,11 +61,16 @@ def test_a_lost_seek_is_redone_instead_of_stalling_the_partition() -> None:
     assert all(c.check("p", o).process for o in range(4, 10))
 
 
-def test_rewinds_and_revocation_reset_expectations() -> None:
+def test_records_delivered_again_are_passed_over_until_revocation() -> None:
     c = Continuity()
-    c.check("p", 10)
-    assert c.check("p", 4).process  # a rewind to the committed offset
-    assert c.check("p", 5).process
+    c.start_at("p", 3)
+    assert c.check("p", 1) == Verdict(process=False)  # below the committed offset
+    assert all(c.check("p", o).process for o in range(3, 11))
+    assert c.check("p", 4) == Verdict(process=False)  # a second copy: answered already
+    assert c.check("p", 11).process
+    assert c.check("p", 14).seek_to == 12
+    assert c.check("p", 5) == Verdict(process=False)  # older than the hole: stale
+    assert c.check("p", 12).process  # what the seek was for
     c.forget("p")
     assert c.check("p", 50).process  # after revocation it may start anywhere
     assert c.check("q", 3).process  # partitions are independent
