@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import Consumer
+
 from pipeline.client import Answer, read_answers
 from pipeline.settings import Settings
 from pipeline.supervise import WorkerProcess, free_port
 from pipeline.topics import create_topics
+
+
+def _wait_for_leaders(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Return once the broker's metadata shows every topic of ``settings`` with all
+    its partitions led. An idempotent producer that starts on a topic the broker
+    does not show yet can lose its first records while reporting them delivered
+    (librdkafka resets the partition's sequence numbers; seen as 2 of 1,525 acked
+    requests missing from a lane in the SIGKILL fault test)."""
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "-"})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            meta = consumer.list_topics(timeout=10).topics
+            led = [
+                t in meta
+                and len(meta[t].partitions) == settings.topics.partitions
+                and all(p.leader >= 0 for p in meta[t].partitions.values())
+                for t in settings.topics.all_topics()
+            ]
+            if all(led):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics of {settings.topics.prefix!r} have no leaders yet")
+            time.sleep(0.2)
+    finally:
+        consumer.close()
 
 
 @dataclass
@@ -38,6 +67,7 @@ class Deployment:
         }
         settings = Settings.from_env(env)
         create_topics(settings)
+        _wait_for_leaders(settings)
         (tmp / tag).mkdir(parents=True, exist_ok=True)
         env["PIPELINE_WORKER_DATA_DIR"] = str(tmp / tag / "worker-0")
         return cls(env=env, settings=settings)
