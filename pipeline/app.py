@@ -307,6 +307,9 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
                 )
                 await _ORIGINAL_ADD_GAP(cast(Any, holder.app.consumer), msg.tp, low, high)
             if not verdict.process:
+                # Not answered here (a second copy, or buffered before a seek): Faust
+                # must stop waiting for its ack, or a stopping worker waits forever.
+                holder.app.consumer.unacked.discard(msg)
                 continue
             incoming = Incoming(
                 lane=lane,
