@@ -12,6 +12,7 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from pipeline.client import Answer, read_answers
+from pipeline.security import client_config
 from pipeline.settings import Settings
 from pipeline.supervise import WorkerProcess, free_port
 from pipeline.topics import create_topics
@@ -23,7 +24,7 @@ def _wait_for_leaders(settings: Settings, timeout_s: float = 60.0) -> None:
     does not show yet can lose its first records while reporting them delivered
     (librdkafka resets the partition's sequence numbers; seen as 2 of 1,525 acked
     requests missing from a lane in the SIGKILL fault test)."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "-"})
+    consumer = Consumer({**client_config(settings), "group.id": "-"})
     try:
         deadline = time.monotonic() + timeout_s
         while True:
