@@ -107,6 +107,27 @@ def test_summarize_counts_lanes_misses_expirations_and_dedupe() -> None:
     assert s["dedupe_hit_rate"]["stored"] == pytest.approx(1 / 3)
 
 
+def test_realtime_path_splits_computed_latency_into_legs() -> None:
+    def result(rid: str, served: str, queue: float, model: float) -> Answered:
+        return Answered(rid, "realtime", "result", 1000, 1250.0, completed_at_ms=1200,
+                        served=served, queue_ms=queue, inference_ms=model)  # fmt: skip
+
+    s = summarize(
+        [result("a", "computed", 50.0, 40.0), result("b", "stored", 0.0, 0.0)],
+        sent=2, started_ms=1000.0, deadlines_ms={"realtime": 200},
+    )  # fmt: skip
+    legs = s["realtime_path_ms"]
+    # created 1000 -> completed 1200 -> received 1250; only the computed one counts
+    assert {leg: v["p50"] for leg, v in legs.items()} == {
+        "queue": 50.0, "engine": 110.0, "model": 40.0, "answer": 50.0
+    }
+    assert legs["queue"]["n"] == 1
+    report = {"modes": {"adaptive": {"mode": "adaptive", "phases": [{"phase": "load-80", **s}]}}}
+    assert "| adaptive | load-80 | 1 | 50 / 50 | 110 / 110 | 40 / 40 | 50 / 50 |" in markdown(
+        report
+    )
+
+
 def test_metrics_parsing_and_batch_stats() -> None:
     text = (
         "# HELP x\n"

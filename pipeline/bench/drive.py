@@ -109,6 +109,8 @@ class Collector:
             received_ms=now,
             completed_at_ms=int(r["completed_at_ms"]),
             served=r["served"],
+            queue_ms=r.get("queue_ms"),
+            inference_ms=r.get("inference_ms"),
         )
 
     def _dead(self, r: dict[str, Any], now: float) -> Answered | None:

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.stats import PATH_LEGS
+
 __all__ = ["markdown", "targets", "write_report"]
 
 GIB = 1024**3
@@ -161,6 +163,26 @@ def _threads_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _path_table(report: dict[str, Any]) -> list[str]:
+    """Where computed realtime requests spent their time, per worker mode and phase."""
+    lines = [
+        "Where realtime time goes (computed realtime results; p50 / p99 ms; engine = the trip "
+        "into the worker plus the wait behind batches already in the engine):",
+        "",
+        "| mode | phase | n | " + " | ".join(PATH_LEGS) + " |",
+        "|" + "---|" * (3 + len(PATH_LEGS)),
+    ]
+    for mode, data in report["modes"].items():
+        for p in data["phases"]:
+            legs = p.get("realtime_path_ms") or {}
+            n = (legs.get("queue") or {}).get("n")
+            if not n:
+                continue
+            cells = [f"{_fmt(legs[g]['p50'])} / {_fmt(legs[g]['p99'])}" for g in PATH_LEGS]
+            lines.append(f"| {mode} | {p['phase']} | {int(n)} | " + " | ".join(cells) + " |")
+    return lines if len(lines) > 4 else []
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The per-phase table and the targets, in Markdown (and the thread sweep, if run)."""
     head = (
@@ -169,6 +191,9 @@ def markdown(report: dict[str, Any]) -> str:
         "| padding | tokenize | dedupe b/i/s | CPU (cores) | peak RSS MiB | GPU |"
     )
     lines = [head, "|" + "---|" * 18, *_rows(report), ""]
+    path = _path_table(report)
+    if path:
+        lines += [*path, ""]
     lines += ["| target | measured | goal | met |", "|---|---|---|---|"]
     for t in targets(report):
         sign = "≤" if t["at_most"] else "≥"

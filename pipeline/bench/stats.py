@@ -17,10 +17,12 @@ from typing import Any
 from pipeline.settings import LANES
 
 __all__ = [
+    "PATH_LEGS",
     "Answered",
     "ProcProbe",
     "metric_total",
     "parse_metrics",
+    "path_breakdown",
     "percentile",
     "scrape",
     "summarize",
@@ -52,6 +54,8 @@ class Answered:
     completed_at_ms: int | None = None
     served: str | None = None
     stage: str | None = None
+    queue_ms: float | None = None  # worker arrival -> its batch handed to the engine
+    inference_ms: float | None = None  # its batch's model call
 
 
 def _latency_block(latencies: Sequence[float]) -> dict[str, float | None]:
@@ -97,6 +101,7 @@ def summarize(
         key = a.served or "computed"
         served[key] = served.get(key, 0) + 1
     per_lane = {lane: sum(1 for a in answers if a.lane == lane) for lane in LANES}
+    realtime = [a for a in results if a.lane == LANES[0]]
     return {
         "sent": sent,
         "answered": len(answers),
@@ -107,6 +112,7 @@ def summarize(
         "elapsed_s": elapsed_s,
         "throughput": len(answers) / elapsed_s,
         "latency_ms": latency,
+        "realtime_path_ms": path_breakdown(realtime),
         "deadline_missed": missed,
         "expired": expired,
         "served": served,
@@ -114,6 +120,40 @@ def summarize(
             level: served.get(level, 0) / len(results) if results else 0.0
             for level in ("batch", "inflight", "stored")
         },
+    }
+
+
+#: The legs of a computed answer's latency, in the order they happen.
+PATH_LEGS = ("queue", "engine", "model", "answer")
+
+
+def path_breakdown(results: Sequence[Answered]) -> dict[str, dict[str, float | None]]:
+    """Where computed results spent their time, p50/p99 per leg (ms):
+
+    - ``queue``: from reaching the worker to its batch being handed to the engine
+      (the scheduler's wait);
+    - ``model``: its batch's model call;
+    - ``engine``: the rest of creation -> completion: the trip into the worker
+      (producer, broker, fetch, intake) and the wait behind batches already in
+      the engine, plus tokenising;
+    - ``answer``: completion -> receipt (publish, broker, the reader's fetch).
+
+    Only results computed by the model count (stored and deduplicated ones have
+    no batch of their own)."""
+    legs: dict[str, list[float]] = {leg: [] for leg in PATH_LEGS}
+    for a in results:
+        if a.served not in (None, "computed") or a.queue_ms is None or a.inference_ms is None:
+            continue
+        if a.completed_at_ms is None:
+            continue
+        total = a.completed_at_ms - a.created_at_ms
+        legs["queue"].append(a.queue_ms)
+        legs["model"].append(a.inference_ms)
+        legs["engine"].append(max(total - a.queue_ms - a.inference_ms, 0.0))
+        legs["answer"].append(a.received_ms - a.completed_at_ms)
+    return {
+        leg: {"n": float(len(v)), "p50": percentile(v, 50), "p99": percentile(v, 99)}
+        for leg, v in legs.items()
     }
 
 
