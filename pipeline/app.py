@@ -24,6 +24,7 @@ from faust.streams import _current_event
 from faust.transport.consumer import Consumer
 from mode import Service
 
+from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
 from pipeline.dedupe import StoredResults
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
@@ -204,6 +205,7 @@ class _RuntimeHolder(Service):
             fallback=fallback,
             fallback_model=fallback_model,
         )
+        await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
         self.add_future(self.runtime.run())
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())

@@ -5,7 +5,8 @@ Pure: it sees numbers the caller measured, never a clock or a device.
 :class:`LatencyModel` predicts a batch's run time as ``overhead + cost x
 padded tokens``, fitted online by exponentially weighted least squares (the
 newest batch weighs ``latency_alpha``); until batches of different sizes have
-been seen it keeps the prior overhead and fits the per-token cost alone.
+been seen it keeps the per-token cost (prior or last fitted) and fits the
+overhead alone. The worker calibrates it at start-up (``pipeline.calibrate``).
 
 :class:`Controller` owns the budget (padded tokens per batch). A batch is
 *slow* when it ran longer than ``latency_threshold`` x the realtime deadline
@@ -35,7 +36,6 @@ class LatencyModel:
     """Predicts a batch's run time (ms) from its padded tokens."""
 
     def __init__(self, *, overhead_ms: float, ms_per_token: float, alpha: float) -> None:
-        self.prior_overhead_ms = overhead_ms
         self.overhead_ms = overhead_ms
         self.ms_per_token = ms_per_token
         self.alpha = alpha
@@ -71,9 +71,16 @@ class LatencyModel:
             if slope > 0 and intercept >= 0:
                 self.ms_per_token, self.overhead_ms = slope, intercept
                 return
-        # Too little spread in batch sizes to separate the two terms.
-        self.overhead_ms = min(self.prior_overhead_ms, self._my)
-        self.ms_per_token = max(self._my - self.overhead_ms, 0.0) / self._mx
+        # Too little spread in batch sizes to separate the two terms. Batches of one
+        # size cannot show the cost per token, so it is kept and the overhead fitted
+        # (attributing a small batch's time to overhead would predict a big batch
+        # as cheap as a small one); batches cheaper than that cost alone lower it.
+        fixed = self.ms_per_token * self._mx
+        if self._my >= fixed:
+            self.overhead_ms = self._my - fixed
+        else:
+            self.overhead_ms = 0.0
+            self.ms_per_token = self._my / self._mx
 
 
 class Controller:
