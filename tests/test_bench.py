@@ -183,6 +183,8 @@ def test_targets_and_markdown_from_a_report() -> None:
     }
     by_name = {t["target"]: t for t in targets(report)}
     assert by_name["adaptive / raw throughput"]["met"] is True
+    unique = by_name["adaptive at 0 % duplicates / raw (for reference)"]
+    assert unique["value"] == pytest.approx(0.9) and unique["met"] is True
     assert by_name["adaptive / sync throughput"]["met"] is None  # sync did not run
     assert by_name["50 % duplicates / 0 % throughput"]["value"] == pytest.approx(2.0)
     assert by_name["worker peak RSS"]["value"] == pytest.approx(1.0)
