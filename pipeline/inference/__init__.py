@@ -14,14 +14,13 @@ from pipeline.inference.engine import (
     Outcome,
     Predictor,
 )
+from pipeline.inference.loading import default_model_path, load_model
 from pipeline.inference.model import (
     TASKS,
     Encoded,
     Model,
     NoopModel,
     Prediction,
-    default_model_path,
-    load_model,
 )
 from pipeline.inference.telemetry import DeviceSample, DeviceTelemetry
 

