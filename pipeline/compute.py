@@ -1,0 +1,193 @@
+"""The compute stage: one formed batch through the model, every requester answered.
+
+A batch's work is deduped twice more before the model is called: a twin in
+the same batch, or a computation of the same hash already in flight, waits
+for that one's result (:class:`~pipeline.dedupe.SingleFlight`); a result
+computed earlier but not yet durably stored is served from memory, so
+queued work that missed the stored-result lookup at intake has no gap.
+
+Each leader runs through the model (its fallback while the breaker is open),
+is retried with backoff on a failed prediction, and then ends in exactly one
+result or dead letter for every requester of its hash, through
+:mod:`pipeline.answers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pipeline.answers import Answers, Work
+from pipeline.dedupe import SingleFlight, StoredResults
+from pipeline.errors import CircuitOpenError, ExpiredError, InferenceError
+from pipeline.guard import Guard
+from pipeline.inference import InferenceEngine, Prediction
+from pipeline.metrics import PipelineMetrics
+from pipeline.publish import backoff_ms
+from pipeline.scheduling import Scheduler
+from pipeline.settings import Settings
+
+__all__ = ["Compute"]
+
+
+class Compute:
+    """Runs batches through the model and fans the results out (see the module's promise).
+
+    ``spawn`` starts a task the worker tracks until it closes;
+    ``serve_stored`` answers work from a stored result (or requeues it).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine: InferenceEngine,
+        answers: Answers,
+        guard: Guard,
+        scheduler: Scheduler[Work],
+        metrics: PipelineMetrics,
+        stored: StoredResults | None,
+        fallback: InferenceEngine | None,
+        fallback_model: tuple[str, str] | None,
+        clock_ms: Callable[[], int],
+        spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]],
+        serve_stored: Callable[[Work, bytes], Awaitable[None]],
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.answers = answers
+        self.guard = guard
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.stored = stored
+        self.fallback = fallback
+        self.fallback_model = fallback_model
+        self._clock_ms = clock_ms
+        self._spawn = spawn
+        self._serve_stored = serve_stored
+        self.flight: SingleFlight[Work] = SingleFlight()
+        # Computed results not yet durably stored: hash -> (prediction, leader).
+        self._settled: dict[str, tuple[Prediction, Work]] = {}
+
+    async def run_batch(
+        self, batch: list[Work], *, shape: tuple[int, int] | None = None
+    ) -> float | None:
+        """Dedupe within the batch and against work in flight, then compute the rest.
+
+        ``shape`` (sequence length, rows) is the batch's bucketed shape, for
+        the engine's padding. Returns the model call's duration in ms, or None
+        when nothing ran.
+        """
+        now = self._clock_ms()
+        leaders: list[Work] = []
+        in_this_batch: set[str] = set()
+        for work in batch:
+            req = work.request
+            if now > req.deadline_ms and req.lane in self.scheduler.expire_lanes:
+                late = now - req.deadline_ms
+                error = ExpiredError(f"deadline passed {late} ms before inference ({req.lane})")
+                self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
+                continue
+            work.queue_ms = float(now - work.arrived_ms)
+            self.metrics.wait(req.lane, work.queue_ms / 1000)
+            if self._answer_known(work):
+                continue
+            if self.flight.join(req.content_hash, work):
+                leaders.append(work)
+                in_this_batch.add(req.content_hash)
+            else:
+                work.served = "batch" if req.content_hash in in_this_batch else "inflight"
+        if leaders:
+            return await self._compute(leaders, shape=shape)
+        return None
+
+    def _answer_known(self, work: Work) -> bool:
+        """Serve ``work`` from a result computed earlier, if there is one.
+
+        Queued work may have missed the stored-result lookup at intake while
+        its twin was being computed; a result stays in ``_settled`` until it is
+        durably stored, so between the two there is no gap.
+        """
+        h = work.request.content_hash
+        settled = self._settled.get(h)
+        if settled is not None:
+            prediction, leader = settled
+            work.served = "inflight"
+            self._spawn(self._answer(work, leader, prediction))
+            return True
+        stored = self.stored.get(h) if self.stored else None
+        if stored is not None:
+            self._spawn(self._serve_stored(work, stored))
+            return True
+        return False
+
+    async def _compute(
+        self, leaders: list[Work], *, retry: bool = False, shape: tuple[int, int] | None = None
+    ) -> float:
+        """Run the leaders through the model (or its fallback while the breaker is open)."""
+        now = self._clock_ms()
+        engine, model = self.engine, None
+        if not self.guard.model_allowed(now):
+            if self.fallback is None:
+                error = CircuitOpenError(
+                    "model circuit breaker is open after repeated failures; dead-lettered "
+                    "at once (replay it once the model is healthy)"
+                )
+                for work in leaders:
+                    self._complete(work, None, error)
+                return 0.0
+            engine, model = self.fallback, self.fallback_model
+        texts = []
+        actions = self.guard.actions
+        for work in leaders:
+            work.attempts += 1
+            work.model = model
+            text = actions.clip(work.request.text)
+            work.storable = work.storable and text == work.request.text
+            texts.append(text)
+        try:
+            pad_to, rows = shape or (None, None)
+            outcome = await engine.run(texts, pad_to=pad_to, rows=rows)
+        except InferenceError as exc:  # the engine itself is gone (shutting down)
+            for work in leaders:
+                self._complete(work, None, exc)
+            return float(self._clock_ms() - now)
+        if engine is self.engine and not retry:
+            self.guard.model_result(self._clock_ms(), ok=outcome.failures < outcome.batch_size)
+        stats = {"inference_ms": outcome.inference_ms, "batch_size": float(outcome.batch_size)}
+        for work, result in zip(leaders, outcome.outcomes, strict=True):
+            work.stats = stats
+            if result.prediction is not None:
+                self._complete(work, result.prediction, None)
+            elif work.attempts >= self.settings.retry.max_attempts:
+                self._complete(work, None, result.error or InferenceError("no prediction"))
+            else:
+                self._spawn(self._retry(work))
+        return outcome.inference_ms
+
+    async def _retry(self, work: Work) -> None:
+        await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)
+        await self._compute([work], retry=True)
+
+    def _complete(
+        self, leader: Work, prediction: Prediction | None, error: BaseException | None
+    ) -> None:
+        """Answer every requester of the leader's hash; the leader also stores the result."""
+        h = leader.request.content_hash
+        waiters = self.flight.finish(h)
+        if prediction is not None:
+            self._settled[h] = (prediction, leader)
+        for work in waiters:
+            if prediction is None:
+                assert error is not None
+                rid = work.request.request_id
+                self._spawn(self.answers.dead_letter(work.incoming, error, leader.attempts, rid))
+            else:
+                self._spawn(self._answer(work, leader, prediction))
+
+    async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
+        h = leader.request.content_hash
+        await self.answers.result(
+            work, prediction, leader=leader, on_stored=lambda: self._settled.pop(h, None)
+        )
