@@ -7,6 +7,7 @@ configuration into ``data_dir``, formats the storage once, starts the JVM in
 its own session (it outlives the command that started it) and waits until the
 client port answers a metadata request. ``down()`` sends SIGTERM (a clean
 shutdown) and SIGKILL only after a timeout. Needs ``java`` (17+) and ``mvn``.
+The optional SASL_PLAINTEXT / SASL_SSL listeners: :mod:`pipeline.kafka_local_security`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BrokerUnavailable, ConfigurationError
+from pipeline.kafka_local_security import (
+    listener_properties,
+    scram_format_args,
+    security_listeners,
+)
 from pipeline.settings import LocalKafkaSettings
 
 __all__ = ["POM", "LocalKafka"]
@@ -56,41 +62,6 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 """
-
-_SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
-_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule required"
-
-
-def _pem_inline(path: str) -> str:
-    """A PEM file as one properties value (``\\n`` escapes stand for the newlines)."""
-    return Path(path).expanduser().read_text().strip().replace("\n", "\\n")
-
-
-def _listener_properties(s: LocalKafkaSettings) -> dict[str, str]:
-    """The extra SASL_PLAINTEXT / SASL_SSL listeners' properties (none when off)."""
-    listeners = (("SASL_PLAINTEXT", s.sasl_port), ("SASL_SSL", s.tls_port))
-    names = [name for name, port in listeners if port]
-    if not names:
-        return {}
-    plain_users = " ".join(f'user_{name}="{pw}"' for name, pw in s.user_list())
-    props = {"sasl.enabled.mechanisms": ",".join(("PLAIN", *_SCRAM_MECHANISMS))}
-    for name in names:
-        prefix = f"listener.name.{name.lower()}."
-        props[prefix + "plain.sasl.jaas.config"] = f"{_PLAIN_MODULE} {plain_users};"
-        for mechanism in _SCRAM_MECHANISMS:
-            props[prefix + mechanism.lower() + ".sasl.jaas.config"] = _SCRAM_MODULE
-    if s.tls_port:
-        prefix = "listener.name.sasl_ssl."
-        props[prefix + "ssl.keystore.type"] = "PEM"
-        props[prefix + "ssl.keystore.certificate.chain"] = _pem_inline(s.tls_cert_file)
-        props[prefix + "ssl.keystore.key"] = _pem_inline(s.tls_key_file)
-        if s.tls_ca_file:
-            props[prefix + "ssl.truststore.type"] = "PEM"
-            props[prefix + "ssl.truststore.certificates"] = _pem_inline(s.tls_ca_file)
-            props[prefix + "ssl.client.auth"] = "required"
-    return props
-
 
 _LOG4J2 = """\
 # Written by pipeline.kafka_local: WARN and above, to {log}.
@@ -191,13 +162,12 @@ class LocalKafka:
 
     def _server_properties(self, logs: Path) -> str:
         s = self.settings
-        extra = [("SASL_PLAINTEXT", s.sasl_port), ("SASL_SSL", s.tls_port)]
         listeners = [f"PLAINTEXT://127.0.0.1:{self.port}"]
-        listeners += [f"{name}://127.0.0.1:{port}" for name, port in extra if port]
+        listeners += [f"{name}://127.0.0.1:{port}" for name, port in security_listeners(s)]
         text = _SERVER_PROPERTIES.format(
             listeners=",".join(listeners), cport=self.controller_port, logs=logs
         )
-        return text + "".join(f"{k}={v}\n" for k, v in _listener_properties(s).items())
+        return text + "".join(f"{k}={v}\n" for k, v in listener_properties(s).items())
 
     # -- jars ---------------------------------------------------------------
 
@@ -293,10 +263,8 @@ class LocalKafka:
                     _cluster_id(),
                     "-c",
                     str(config),
+                    *scram_format_args(s),
                 ]
-                for name, password in s.user_list():
-                    for mechanism in _SCRAM_MECHANISMS:
-                        cmd += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise ConfigurationError(
