@@ -8,9 +8,10 @@ family's name starts with :data:`PREFIX`; ``ops/grafana`` and
 (``tests/test_metrics.py`` checks it).
 
 :func:`start_metrics_server` serves ``/metrics`` with prometheus_client's own
-HTTP server on a daemon thread; :class:`GaugeSampler` takes the periodic
-readings (queue depths, engine busy fraction, GPU) in one call that never
-raises, for a timer in the worker.
+HTTP server on a daemon thread (:mod:`pipeline.metrics_server`, re-exported
+here); :class:`GaugeSampler` takes the periodic readings (queue depths,
+engine busy fraction, GPU) in one call that never raises, for a timer in the
+worker.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -31,11 +31,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
-    start_http_server,
 )
 
-from pipeline.errors import ConfigurationError
-from pipeline.settings import LANES, MetricsSettings
+from pipeline.metrics_server import MetricsServer, start_metrics_server
+from pipeline.settings import LANES
 
 __all__ = [
     "BATCH_LATENCY_BUCKETS",
@@ -373,49 +372,3 @@ class GaugeSampler:
         except Exception:
             self.failures += 1
             log.debug("metrics sampling failed", exc_info=True)
-
-
-@dataclass
-class MetricsServer:
-    """A running ``/metrics`` endpoint; :meth:`close` stops it (idempotent)."""
-
-    host: str
-    port: int
-    _server: Any
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout_s)
-
-
-def start_metrics_server(
-    settings: MetricsSettings, metrics: PipelineMetrics
-) -> MetricsServer | None:
-    """Serve ``metrics`` at ``http://host:port/metrics`` on a daemon thread.
-
-    Returns ``None`` when ``enabled`` is false or ``port`` is 0. A port that
-    cannot be bound raises :class:`ConfigurationError` naming the setting, so
-    two workers on one host never silently share (or lose) an endpoint.
-    """
-    if not settings.enabled or settings.port == 0:
-        return None
-    try:
-        server, thread = start_http_server(
-            settings.port, addr=settings.host, registry=metrics.registry
-        )
-    except OSError as exc:
-        raise ConfigurationError(
-            f"cannot serve metrics on {settings.host}:{settings.port} ({exc}); set "
-            "PIPELINE_METRICS_PORT to a free port, or 0 to disable the endpoint"
-        ) from exc
-    port = int(server.server_address[1])
-    log.info("metrics at http://%s:%d/metrics", settings.host, port)
-    return MetricsServer(settings.host, port, server, thread)
