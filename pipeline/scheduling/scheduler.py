@@ -256,16 +256,15 @@ class Scheduler(Generic[T]):
             bound = e.deadline_ms if wait is None else min(e.item.arrived_ms + wait, e.deadline_ms)
             return DUE if now_ms <= bound else LATE
 
-        due_waiting = any(
-            overdue(e) == DUE for lane in self.lanes[1:] for e in self.queues.entries(lane)
-        )
+        # Judged once per decision: the budget and the assembly both need it.
+        urgency = {id(e): overdue(e) for lane in self.lanes[1:] for e in self.queues.entries(lane)}
         draft = assemble(
             self.queues,
             self.shapes,
-            budget=self._budget_now(now_ms, due_waiting=due_waiting),
+            budget=self._budget_now(now_ms, due_waiting=DUE in urgency.values()),
             max_items=s.max_items,
             realtime_share=s.realtime_share,
-            overdue=overdue,
+            overdue=lambda e: urgency[id(e)],
         )
         # Expiring requests that would miss their deadline even if they ran in
         # this batch (the batch that would run now, or they alone if longer).
