@@ -66,8 +66,6 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.fallback = fallback
-        self.fallback_model = fallback_model
         self.stored = stored if settings.dedupe.enabled else None
         self.metrics = metrics or PipelineMetrics(process_collectors=False)
         self._clock_ms = clock_ms
