@@ -91,8 +91,9 @@ class StoredResults:
         try:
             raw = self._table.get(key.encode("ascii"))
         except Exception as exc:  # a store that cannot read is a miss, not a crash
-            log.warning("stored-result lookup failed (%s: %s); computing instead",
-                        type(exc).__name__, exc)
+            log.warning(
+                "stored-result lookup failed (%s: %s); computing instead", type(exc).__name__, exc
+            )
             return None
         if raw is None:
             return None

@@ -7,22 +7,30 @@ network (``local_files_only=True``), and turns every loading failure into a
 ``default_model_path`` finds the bundled all-MiniLM-L6-v2 used when no
 folder is set.
 
-``load_model`` applies the thread budget first (:mod:`.threads`).
+``load_model`` applies the thread budget first (:mod:`.threads`), and runs
+the network as a TorchScript trace where ``settings.trace`` asks for one
+(:mod:`.tracing`; a trace that fails its check leaves the network eager and
+logs why).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from pipeline.errors import ConfigurationError
 from pipeline.inference.model import TASKS, Model, NoopModel
 from pipeline.inference.threads import apply_thread_budget
+from pipeline.inference.tracing import traced
 from pipeline.settings import ModelSettings
 
 __all__ = ["default_model_path", "load_model"]
+
+log = logging.getLogger(__name__)
 
 _BUNDLED_NAME = "all-MiniLM-L6-v2"
 
@@ -143,6 +151,14 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         )
     network.eval()
     network.to(device)
+    runnable: Any = network
+    if settings.trace == "on" or (settings.trace == "auto" and device.type == "cpu"):
+        output = "last_hidden_state" if settings.task == "embed" else "logits"
+        try:
+            runnable = traced(network, tokenizer, device, output=output)
+            log.info("model network traced (TorchScript); PIPELINE_MODEL_TRACE=off runs it eager")
+        except RuntimeError as exc:
+            log.warning("model network left eager: %s", exc)
 
     max_length = settings.max_length
     positions = getattr(network.config, "max_position_embeddings", None)
@@ -155,7 +171,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         task=settings.task,
         device=device,
         tokenizer=tokenizer,
-        network=network,
+        network=runnable,
         max_length=max_length,
         fail_on=settings.fail_on,
         padding=settings.padding,

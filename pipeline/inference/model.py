@@ -95,7 +95,7 @@ class Model:
         task: str,
         device: torch.device,
         tokenizer: Any,
-        network: torch.nn.Module,
+        network: Any,  # the eager module, or its TracedNetwork
         max_length: int,
         fail_on: str = "",
         padding: str = "longest",

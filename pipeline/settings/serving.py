@@ -21,6 +21,9 @@ class ValidationSettings:
 #: How the engine pads a batch (``ModelSettings.padding``).
 PADDINGS: tuple[str, ...] = ("auto", "longest", "bucket", "shape")
 
+#: Whether the network runs as a TorchScript trace (``ModelSettings.trace``).
+TRACES: tuple[str, ...] = ("auto", "on", "off")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
@@ -52,6 +55,12 @@ class ModelSettings:
         "longest (pad a batch to its longest text), bucket (to the scheduler's sequence bucket), "
         "shape (bucket, and rows up to the batch-size bucket); auto: bucket on CUDA, else longest",
     )
+    trace: str = _field(
+        "auto",
+        "on: run the network as a TorchScript trace, which holds no GIL between its ops, so "
+        "a busy event loop cannot stall a batch (eager modules wait for the GIL at every op); "
+        "off: eager; auto: on for a CPU (checked against eager at start-up, eager if unequal)",
+    )
     fail_on: str = _field(
         "", "testing aid: a regex; texts matching it make the model raise (fault injection)"
     )
@@ -60,6 +69,8 @@ class ModelSettings:
         problems = []
         if self.padding not in PADDINGS:
             problems.append(f"PADDING={self.padding!r}: expected one of {', '.join(PADDINGS)}")
+        if self.trace not in TRACES:
+            problems.append(f"TRACE={self.trace!r}: expected one of {', '.join(TRACES)}")
         for name in ("torch_threads", "torch_interop_threads", "tokenizer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.upper()}={getattr(self, name)}: must be >= 0")
