@@ -119,7 +119,10 @@ def test_realtime_path_splits_computed_latency_into_legs() -> None:
     legs = s["realtime_path_ms"]
     # created 1000 -> completed 1200 -> received 1250; only the computed one counts
     assert {leg: v["p50"] for leg, v in legs.items()} == {
-        "queue": 50.0, "engine": 110.0, "model": 40.0, "answer": 50.0
+        "queue": 50.0,
+        "engine": 110.0,
+        "model": 40.0,
+        "answer": 50.0,
     }
     assert legs["queue"]["n"] == 1
     report = {"modes": {"adaptive": {"mode": "adaptive", "phases": [{"phase": "load-80", **s}]}}}
@@ -168,8 +171,12 @@ def test_targets_and_markdown_from_a_report() -> None:
         }
 
     report = {
+        "config": {"dup_rate": 0.2},
         "modes": {
-            "raw": {"mode": "raw", "phases": [phase("saturate", 100.0)]},
+            "raw": {
+                "mode": "raw",
+                "phases": [phase("saturate", 100.0, sweep={"1": 50.0, "4": 100.0, "8": 90.0})],
+            },
             "adaptive": {
                 "mode": "adaptive",
                 "phases": [
@@ -179,13 +186,15 @@ def test_targets_and_markdown_from_a_report() -> None:
                     phase("dup-50", 180.0),
                 ],
             },
-        }
+        },
     }
     by_name = {t["target"]: t for t in targets(report)}
     assert by_name["adaptive / raw throughput"]["met"] is True
     unique = by_name["adaptive at 0 % duplicates / raw (for reference)"]
     assert unique["value"] == pytest.approx(0.9) and unique["met"] is True
     assert by_name["adaptive / sync throughput"]["met"] is None  # sync did not run
+    ceiling = by_name["the most batching and dedupe can give over sync here (for reference)"]
+    assert ceiling["value"] == pytest.approx(100.0 / 50.0 / 0.8)
     assert by_name["50 % duplicates / 0 % throughput"]["value"] == pytest.approx(2.0)
     assert by_name["worker peak RSS"]["value"] == pytest.approx(1.0)
     table = markdown(report)

@@ -85,7 +85,7 @@ def test_a_trace_that_differs_from_eager_is_refused() -> None:
 def test_load_model_falls_back_to_eager_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import pipeline.inference.loading as loading
+    from pipeline.inference import loading
 
     def refuse(*_: object, **__: object) -> TracedNetwork:
         raise RuntimeError("the trace differs from the eager module by 1.0e+00")

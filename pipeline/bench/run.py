@@ -67,7 +67,7 @@ class BenchConfig:
     device: str | None = None
     fixed_batch: int = 32
     fixed_wait_ms: int = 20
-    raw_sizes: tuple[int, ...] = (4, 8, 16, 32)
+    raw_sizes: tuple[int, ...] = (1, 4, 8, 16, 32)  # 1: what sync's batches can do
     answer_timeout_s: float = 300.0
     threads: tuple[str, ...] = ()
 

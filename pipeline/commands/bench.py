@@ -199,7 +199,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     if loads:
         changes["loads"] = loads
     if device == "cuda":
-        changes["raw_sizes"] = (16, 32, 64, 128, 256)
+        changes["raw_sizes"] = (1, 16, 32, 64, 128, 256)
     config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
     with local_broker_unless(bootstrap, settings, keep=keep_broker) as address:
