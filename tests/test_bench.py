@@ -196,7 +196,9 @@ def test_targets_and_markdown_from_a_report() -> None:
     ceiling = by_name["the most batching and dedupe can give over sync here (for reference)"]
     assert ceiling["value"] == pytest.approx(100.0 / 50.0 / 0.8)
     assert by_name["50 % duplicates / 0 % throughput"]["value"] == pytest.approx(2.0)
-    assert by_name["worker peak RSS"]["value"] == pytest.approx(1.0)
+    rss = by_name["worker peak RSS (adaptive: the defaults, bursts included)"]
+    assert rss["value"] == pytest.approx(1.0) and rss["met"] is True
+    assert by_name["fixed worker peak RSS (for reference)"]["met"] is None  # fixed did not run
     table = markdown(report)
     assert table.startswith("| mode | phase |") and "| adaptive | load-80 |" in table
 

@@ -101,15 +101,20 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target("noop events/s per worker", noop, 5000.0, "/s"))
     out.append(_target("noop / plain confluent-kafka loop", _ratio(noop, _tput(report, "floor")),
                        1.0, "x"))  # fmt: skip
-    peaks = [
-        p["peak_rss_bytes"]
-        for m in report["modes"].values()
-        for p in m["phases"]
-        if m["mode"] in ("adaptive", "fixed", "sync") and p.get("peak_rss_bytes")
-    ]
-    rss = max(peaks) / GIB if peaks else None
-    out.append(_target("worker peak RSS", rss, 1.5, "GiB", at_most=True))
+    # The target is the default worker's (adaptive: its saturation phases are bursts
+    # far past ten times its sustainable rate); the baselines' peaks are for reference.
+    out.append(_target("worker peak RSS (adaptive: the defaults, bursts included)",
+                       _peak_rss(report, "adaptive"), 1.5, "GiB", at_most=True))  # fmt: skip
+    out.append(_target("fixed worker peak RSS (for reference)", _peak_rss(report, "fixed"),
+                       1.5, "GiB", at_most=True))  # fmt: skip
     return out
+
+
+def _peak_rss(report: dict[str, Any], mode: str) -> float | None:
+    """The largest peak resident memory of ``mode``'s worker over its phases, in GiB."""
+    data = report["modes"].get(mode) or {}
+    peaks = [p["peak_rss_bytes"] for p in data.get("phases", []) if p.get("peak_rss_bytes")]
+    return max(peaks) / GIB if peaks else None
 
 
 def _fmt(value: Any, digits: int = 0) -> str:
