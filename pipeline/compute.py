@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.answers import Answers, Work
@@ -28,7 +29,17 @@ from pipeline.publish import backoff_ms
 from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
 
-__all__ = ["Compute"]
+__all__ = ["Compute", "Ran"]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One model call: its duration and the tokens the model really computed (on a
+    CPU a batch is padded to its longest text, not to the scheduler's bucket)."""
+
+    ms: float
+    real_tokens: int = 0
+    padded_tokens: int = 0
 
 
 class Compute:
@@ -72,12 +83,12 @@ class Compute:
 
     async def run_batch(
         self, batch: list[Work], *, shape: tuple[int, int] | None = None
-    ) -> float | None:
+    ) -> Ran | None:
         """Dedupe within the batch and against work in flight, then compute the rest.
 
         ``shape`` (sequence length, rows) is the batch's bucketed shape, for
-        the engine's padding. Returns the model call's duration in ms, or None
-        when nothing ran.
+        the engine's padding. Returns what the model call did, or None when
+        nothing ran.
         """
         now = self._clock_ms()
         leaders: list[Work] = []
@@ -124,7 +135,7 @@ class Compute:
 
     async def _compute(
         self, leaders: list[Work], *, retry: bool = False, shape: tuple[int, int] | None = None
-    ) -> float:
+    ) -> Ran:
         """Run the leaders through the model (or its fallback while the breaker is open)."""
         now = self._clock_ms()
         engine, model = self.engine, None
@@ -136,7 +147,7 @@ class Compute:
                 )
                 for work in leaders:
                     self._complete(work, None, error)
-                return 0.0
+                return Ran(0.0)
             engine, model = self.fallback, self.fallback_model
         texts = []
         actions = self.guard.actions
@@ -152,7 +163,7 @@ class Compute:
         except InferenceError as exc:  # the engine itself is gone (shutting down)
             for work in leaders:
                 self._complete(work, None, exc)
-            return float(self._clock_ms() - now)
+            return Ran(float(self._clock_ms() - now))
         if engine is self.engine and not retry:
             self.guard.model_result(self._clock_ms(), ok=outcome.failures < outcome.batch_size)
         stats = {"inference_ms": outcome.inference_ms, "batch_size": float(outcome.batch_size)}
@@ -164,7 +175,7 @@ class Compute:
                 self._complete(work, None, result.error or InferenceError("no prediction"))
             else:
                 self._spawn(self._retry(work))
-        return outcome.inference_ms
+        return Ran(outcome.inference_ms, outcome.n_tokens, outcome.padded_tokens)
 
     async def _retry(self, work: Work) -> None:
         await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)

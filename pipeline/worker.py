@@ -267,10 +267,10 @@ class Runtime:
         batch = [item.payload for item in plan.items]
         start = self._clock_ms()
         try:
-            ran_ms = await self.compute.run_batch(batch, shape=(plan.seq_len, plan.batch_shape))
+            ran = await self.compute.run_batch(batch, shape=(plan.seq_len, plan.batch_shape))
         finally:
             self._batch_finished(plan)
-        latency_ms = ran_ms if ran_ms is not None else float(self._clock_ms() - start)
+        latency_ms = ran.ms if ran is not None else float(self._clock_ms() - start)
         self.scheduler.observe(
             plan,
             latency_ms=latency_ms,
@@ -278,9 +278,9 @@ class Runtime:
             now_ms=self._clock_ms(),
         )
         m = self.metrics
-        m.batch(
-            len(plan.items), plan.real_tokens, plan.padded_tokens, latency_ms / 1000, plan.reason
-        )
+        # Tokens as the model computed them; the scheduler's bucketed plan is in its snapshot.
+        real, padded = (ran.real_tokens, ran.padded_tokens) if ran is not None else (0, 0)
+        m.batch(len(plan.items), real, padded, latency_ms / 1000, plan.reason)
         snap = self.scheduler.snapshot()
         m.budget(int(snap.get("budget", plan.budget)))
         grows, shrinks = snap.get("budget_grows", 0.0), snap.get("budget_shrinks", 0.0)

@@ -68,6 +68,10 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
     # The repeat may ride in its twin's batch (served=batch) or skip batching (stored).
     assert len(texts) <= _total(samples, "pipeline_batch_size_sum") <= len(texts) + 1
     assert _total(samples, "pipeline_batch_latency_seconds_count") >= 1
+    # Tokens as the model computed them: on a CPU a batch is padded to its longest
+    # text, and these texts are all as long (the scheduler's bucket would say 16 each).
+    real = _total(samples, "pipeline_tokens_real_total")
+    assert real > 0 and _total(samples, "pipeline_tokens_padded_total") == real
     assert ("pipeline_engine_busy_ratio", frozenset()) in samples
     assert any(n == "pipeline_queue_depth" for n, _ in samples)
     assert any(n == "pipeline_model_info" for n, _ in samples)
