@@ -250,8 +250,11 @@ class Runtime:
                 for item in plan.expired:
                     req = item.payload.request
                     late = now - req.deadline_ms
+                    trip = item.payload.arrived_ms - req.created_at_ms
                     error = ExpiredError(
-                        f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now)"
+                        f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now; "
+                        f"reached the worker {trip} ms after it was made, waited "
+                        f"{now - item.payload.arrived_ms} ms here)"
                     )
                     self._spawn(
                         self.answers.dead_letter(item.payload.incoming, error, 1, req.request_id)
