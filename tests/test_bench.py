@@ -277,3 +277,18 @@ def test_quick_bench_answers_everything_and_writes_the_report(
     assert "| noop | saturate |" in table and "| target | measured |" in table
     for png in ("latency_vs_load.png", "adaptive_timeline.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.kafka
+def test_the_bench_producer_connects_before_its_clock_starts(kafka_bootstrap: str) -> None:
+    """A phase's first requests must not carry the producer's connection set-up
+    (100-500 ms measured): ``connect`` does it up front, or says the broker is gone."""
+    from pipeline.client import RequestProducer
+    from pipeline.errors import BrokerUnavailable
+    from pipeline.settings import Settings
+
+    live = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    RequestProducer(live).connect(timeout_s=10)
+    dead = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    with pytest.raises(BrokerUnavailable, match=r"no broker answered within 1\.0s"):
+        RequestProducer(dead).connect(timeout_s=1.0)

@@ -136,6 +136,9 @@ def _phase(
     )
     collector = dep.collector
     with RequestProducer(dep.settings, source="pipeline bench") as producer:
+        # Before the clock starts: a cold producer holds its first requests while it
+        # connects (100-500 ms measured), which would be charged to the worker.
+        producer.connect()
         started: list[float] = []
 
         def play() -> None:
