@@ -34,6 +34,7 @@ from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_serve
 from pipeline.publish import Origin, Publisher
 from pipeline.security import faust_credentials
 from pipeline.settings import LANES, Settings
+from pipeline.stalls import StallWatch
 from pipeline.start_offsets import StartOffsets
 from pipeline.worker import Incoming, Runtime, wall_ms
 
@@ -164,6 +165,7 @@ class _RuntimeHolder(Service):
         self.fallback: InferenceEngine | None = None
         self.telemetry: DeviceTelemetry | None = None
         self.metrics_server: MetricsServer | None = None
+        self.stalls: StallWatch | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
         self.continuity = Continuity()
@@ -177,6 +179,8 @@ class _RuntimeHolder(Service):
         )
         self.metrics = PipelineMetrics()
         self.metrics_server = start_metrics_server(s.metrics, self.metrics)
+        self.stalls = StallWatch(self.metrics)
+        self.stalls.install()
         loop = asyncio.get_running_loop()
         model = await loop.run_in_executor(None, load_model, s.model)
         self.engine = await self._start_engine(model)
@@ -217,6 +221,7 @@ class _RuntimeHolder(Service):
         self.add_future(self.runtime.run())
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())
+        self.add_future(self.stalls.run())
         self.ready.set()
         log.info(
             "pipeline ready: model %s on %s (event loop %s)",
@@ -263,6 +268,8 @@ class _RuntimeHolder(Service):
             self.metrics_server.close()
         if self.telemetry is not None:
             self.telemetry.close()
+        if self.stalls is not None:
+            self.stalls.close()
 
     async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
         return await self.app.producer.send(topic, key, value, None, None, None)

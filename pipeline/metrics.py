@@ -65,6 +65,7 @@ BATCH_LATENCY_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 PADDING_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
 
 SERVED = ("computed", "stored", "inflight", "batch")
 STAGES = ("decode", "validate", "infer", "expired", "publish")
@@ -105,6 +106,14 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pipeline_consumer_lag": ("gauge", "records behind the partition's end (highwater)"),
     "pipeline_breaker_state": ("gauge", "1 for the circuit breaker's current state"),
     "pipeline_shed_level": ("gauge", "load-shedding level, 0 (none) to 3 (see degrade.py)"),
+    "pipeline_event_loop_lag_seconds": (
+        "histogram",
+        "how late the event loop woke for a timer: time it could serve nothing",
+    ),
+    "pipeline_gc_pause_seconds": (
+        "histogram",
+        "garbage-collection pauses by generation (every Python thread stands still)",
+    ),
     "pipeline_model": ("info", "the model this worker serves"),
 }
 
@@ -148,6 +157,8 @@ class PipelineMetrics:
         self._batch_tokens = histogram("pipeline_batch_padded_tokens", TOKEN_BUCKETS)
         self._padding = histogram("pipeline_batch_padding_ratio", PADDING_BUCKETS)
         self._batch_latency = histogram("pipeline_batch_latency_seconds", BATCH_LATENCY_BUCKETS)
+        self._loop_lag = histogram("pipeline_event_loop_lag_seconds", STALL_BUCKETS)
+        self._gc_pause = histogram("pipeline_gc_pause_seconds", STALL_BUCKETS, ["generation"])
         self._real_tokens = counter("pipeline_tokens_real")
         self._padded_tokens = counter("pipeline_tokens_padded")
         self._depth = gauge("pipeline_queue_depth", ["lane"])
@@ -168,6 +179,10 @@ class PipelineMetrics:
         # microseconds per call, paid several times for every event otherwise.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
+        self._create_known_children()
+
+    def _create_known_children(self) -> None:
+        """Every known label value at zero, so a series exists before its first event."""
         for lane in LANES:
             for child in (self._received, self._expired, self._missed):
                 child.labels(lane=lane)
@@ -185,6 +200,8 @@ class PipelineMetrics:
             self._batches.labels(reason=reason)
         for direction in ("grow", "shrink"):
             self._budget_changes.labels(direction=direction)
+        for generation in ("0", "1", "2"):
+            self._gc_pause.labels(generation=generation)
 
     def _child(self, family: Any, *values: str) -> Any:
         """``family.labels(*values)``, looked up once per label set."""
@@ -263,6 +280,12 @@ class PipelineMetrics:
             self._real_tokens.inc(real_tokens)
 
     # -- gauges -----------------------------------------------------------
+
+    def loop_lag(self, seconds: float) -> None:
+        self._loop_lag.observe(max(0.0, seconds))
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        self._child(self._gc_pause, str(generation)).observe(max(0.0, seconds))
 
     def queue_depth(self, lane: str, n: int) -> None:
         self._depth.labels(lane=lane).set(n)

@@ -73,5 +73,7 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
     real = _total(samples, "pipeline_tokens_real_total")
     assert real > 0 and _total(samples, "pipeline_tokens_padded_total") == real
     assert ("pipeline_engine_busy_ratio", frozenset()) in samples
+    assert _total(samples, "pipeline_event_loop_lag_seconds_count") > 0  # the probe runs
+    assert any(n == "pipeline_gc_pause_seconds_count" for n, _ in samples)
     assert any(n == "pipeline_queue_depth" for n, _ in samples)
     assert any(n == "pipeline_model_info" for n, _ in samples)
