@@ -7,8 +7,6 @@ Uses the bundled MiniLM (embed) and a tiny BERT built here (classify).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -102,40 +100,3 @@ def test_load_model_falls_back_to_eager_and_says_why(
 def test_trace_setting_is_checked() -> None:
     with pytest.raises(ConfigurationError, match="PIPELINE_MODEL_TRACE='yes'"):
         ModelSettings(trace="yes")
-
-
-def test_a_busy_python_thread_does_not_stall_the_traced_network() -> None:
-    """The reason for tracing: with a thread busy in Python, an eager forward waits
-    for the GIL at every op. Compared within one run, as a ratio (no wall-clock bound):
-    the traced model must lose far less to the busy thread than the eager one."""
-    texts = ["please reset my password for the account today"] * 8
-    models = {t: load_model(ModelSettings(device="cpu", trace=t)) for t in ("off", "on")}
-
-    def best_of(model: object, n: int = 5) -> float:
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            model.predict(texts)  # type: ignore[attr-defined]
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    for m in models.values():
-        m.predict(texts)
-    alone = {t: best_of(m) for t, m in models.items()}
-    stop = threading.Event()
-
-    def spin() -> None:
-        x = 0
-        while not stop.is_set():
-            for i in range(1000):
-                x += i
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
-    try:
-        busy = {t: best_of(m) for t, m in models.items()}
-    finally:
-        stop.set()
-        spinner.join()
-    slowdown = {t: busy[t] / alone[t] for t in models}
-    assert slowdown["on"] * 3 < slowdown["off"], slowdown
