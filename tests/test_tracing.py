@@ -80,6 +80,18 @@ def test_a_trace_that_differs_from_eager_is_refused() -> None:
         traced(_ShapeDependent(), _Tokenizer(), torch.device("cpu"), output="last_hidden_state")
 
 
+class _NoHiddenState(torch.nn.Module):
+    """Traces fine, but has no ``last_hidden_state`` for the check to compare."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, object]:
+        return {"pooled": (input_ids * attention_mask).float()}
+
+
+def test_a_trace_that_cannot_be_checked_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="checking the trace failed: KeyError"):
+        traced(_NoHiddenState(), _Tokenizer(), torch.device("cpu"), output="last_hidden_state")
+
+
 def test_load_model_falls_back_to_eager_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -58,7 +58,8 @@ def traced(
 ) -> TracedNetwork:
     """Trace ``network`` (in eval mode, on ``device``); ``output`` names the tensor
     the task reads (``last_hidden_state`` or ``logits``). Raises ``RuntimeError``
-    when the trace fails or its output differs from the eager module's."""
+    when the trace fails, cannot be checked, or its output differs from the eager
+    module's (the caller then keeps the eager module)."""
 
     def encode(texts: tuple[str, ...]) -> dict[str, torch.Tensor]:
         enc = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
@@ -76,9 +77,12 @@ def traced(
         raise RuntimeError(f"tracing failed: {type(exc).__name__}: {exc}") from exc
     result = TracedNetwork(graph, getattr(network, "config", None), names)
     check = encode(_CHECK)
-    with torch.inference_mode():
-        want = network(**check)[output]  # a ModelOutput is a dict too
-        got = getattr(result(**check), output)
+    try:
+        with torch.inference_mode():
+            want = network(**check)[output]  # a ModelOutput is a dict too
+            got = getattr(result(**check), output)
+    except Exception as exc:  # an output without ``output``, a graph that cannot run
+        raise RuntimeError(f"checking the trace failed: {type(exc).__name__}: {exc}") from exc
     if want.shape != got.shape:
         shapes = f"{tuple(got.shape)}, not {tuple(want.shape)}"
         raise RuntimeError(f"the trace's output has shape {shapes}")
