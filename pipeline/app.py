@@ -15,19 +15,17 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import weakref
-from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import faust
-from faust.streams import _current_event
-from faust.transport.consumer import Consumer
 from mode import Service
 
+from pipeline import faust_edge
 from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
 from pipeline.dedupe import StoredResults
+from pipeline.errors import ConfigurationError
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
@@ -110,47 +108,9 @@ def create_app(settings: Settings) -> faust.App:
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
-    _no_gaps_on(lane_names)
+    faust_edge.install(lane_names)
 
     return app
-
-
-_ORIGINAL_ADD_GAP = Consumer._add_gap
-
-
-def _no_gaps_on(topics: frozenset[str]) -> None:
-    """Stop Faust from treating skipped offsets of ``topics`` as acknowledged, or
-    from dropping records of ``topics`` that were sought back for.
-
-    Faust fills a jump in offsets with a "gap" that counts as acked and is
-    committed past; on the lane topics a jump means records were skipped
-    (see continuity.py), so the jump must hold the commit back instead.
-    Real holes are added explicitly by the agent once confirmed.
-
-    Faust also drops a fetched record below the partition's "read offset". A
-    seek lowers that offset, but the fetch loop raises it again when it resumes
-    after handing over the record that prompted the seek, so the records sought
-    back for were dropped once more: the partition stalled, or the hole passed
-    for real and was committed past (the fault tests saw both). On the lane
-    topics no record is dropped this way; the agent judges offsets itself.
-    """
-
-    async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        if tp.topic in topics:
-            return
-        await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
-
-    class ReadOffsets(defaultdict[Any, int | None]):
-        def __getitem__(self, tp: Any) -> int | None:
-            return None if tp.topic in topics else super().__getitem__(tp)
-
-    def set_read_offsets(self: Any, offsets: Any) -> None:
-        self.__dict__["_read_offset"] = ReadOffsets(lambda: None, offsets)
-
-    Consumer._add_gap = add_gap  # type: ignore[method-assign]
-    Consumer._read_offset = property(  # type: ignore[assignment]
-        lambda self: self.__dict__["_read_offset"], set_read_offsets
-    )
 
 
 class _RuntimeHolder(Service):
@@ -203,9 +163,9 @@ class _RuntimeHolder(Service):
             s,
             engine=self.engine,
             publisher=publisher,
-            ack=_ack,
+            ack=faust_edge.release,
             stored=stored,
-            store_in_context=_in_event_context,
+            store_in_context=faust_edge.in_event_context,
             metrics=self.metrics,
             fallback=fallback,
             fallback_model=fallback_model,
@@ -251,7 +211,7 @@ class _RuntimeHolder(Service):
                     )
                 consumer: Any = self.app.consumer
                 for tp in consumer.assignment():
-                    committed = consumer._committed_offset.get(tp)
+                    committed = faust_edge.committed(consumer, tp)
                     highwater = consumer.highwater(tp)
                     if committed is not None and highwater is not None:
                         lag = max(0, highwater - committed)
@@ -273,22 +233,6 @@ class _RuntimeHolder(Service):
 
     async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
         return await self.app.producer.send(topic, key, value, None, None, None)
-
-
-async def _ack(token: Any) -> None:
-    stream, event = token
-    await stream.ack(event)
-
-
-def _in_event_context(token: Any, fn: Callable[[], None]) -> None:
-    """Run a table write as if inside the event's stream, so the changelog
-    record goes to the event's partition (Faust reads it from a context var)."""
-    _stream, event = token
-    reset = _current_event.set(weakref.ref(event))
-    try:
-        fn()
-    finally:
-        _current_event.reset(reset)
 
 
 def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
@@ -322,11 +266,11 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
                     low,
                     high,
                 )
-                await _ORIGINAL_ADD_GAP(cast(Any, holder.app.consumer), msg.tp, low, high)
+                await faust_edge.add_gap(holder.app.consumer, msg.tp, low, high)
             if not verdict.process:
                 # Not answered here (a second copy, or buffered before a seek): Faust
                 # must stop waiting for its ack, or a stopping worker waits forever.
-                holder.app.consumer.unacked.discard(msg)
+                faust_edge.forget(holder.app.consumer, [msg])
                 continue
             incoming = Incoming(
                 lane=lane,
@@ -357,6 +301,10 @@ def use_event_loop(kind: str) -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+try:
+    faust_edge.check()
+except ConfigurationError as exc:  # one line, before the worker joins the group
+    raise SystemExit(f"pipeline: {exc}") from None
 settings = Settings.from_env()
 use_event_loop(settings.worker.event_loop)
 app = create_app(settings)
