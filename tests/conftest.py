@@ -17,13 +17,49 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import settings as hypothesis_settings
+from support import on_ci, require
 
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings, TopicSettings
+
+if TYPE_CHECKING:
+    from pipeline.inference import Model
+
+# On CI every run draws the same examples (a red run reproduces) and no
+# example fails for being slow on a loaded runner; elsewhere, hypothesis's own
+# defaults. HYPOTHESIS_PROFILE=ci picks the CI one locally.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, database=None)
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if on_ci() else "default")
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.requires(condition, what)``: see :func:`support.require`."""
+    for mark in item.iter_markers("requires"):
+        require(*mark.args)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that loads the real MiniLM (the ``minilm`` fixture) is ``slow``."""
+    for item in items:
+        if "minilm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Model:
+    """The bundled all-MiniLM-L6-v2, loaded once per pytest run."""
+    from pipeline.inference import load_model
+    from pipeline.settings import ModelSettings
+
+    return load_model(ModelSettings())
 
 
 def free_ports(count: int) -> list[int]:
@@ -68,6 +104,23 @@ def local_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka
             file=sys.stderr,
         )
     broker = local_kafka_for(str(tmp_path_factory.mktemp("kafka")))
+    broker.up()
+    try:
+        yield broker
+    finally:
+        broker.down()
+
+
+@pytest.fixture(scope="session")
+def started_kafka(
+    local_kafka: LocalKafka | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalKafka]:
+    """A LocalKafka this session runs: the session's broker, or (when the session
+    uses ``KAFKA_BOOTSTRAP_SERVERS``) one started for the tests that need it."""
+    if local_kafka is not None:
+        yield local_kafka
+        return
+    broker = local_kafka_for(str(tmp_path_factory.mktemp("kafka-local")))
     broker.up()
     try:
         yield broker

@@ -25,14 +25,12 @@ def test_a_given_bootstrap_is_used_and_no_broker_started(
 
 @pytest.mark.kafka
 def test_a_running_local_broker_is_reused_and_left_running(
-    local_kafka: LocalKafka | None, capsys: pytest.CaptureFixture[str]
+    started_kafka: LocalKafka, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if local_kafka is None:
-        pytest.skip("the session uses KAFKA_BOOTSTRAP_SERVERS, not a local broker")
-    settings = Settings().replace(local_kafka=local_kafka.settings)
+    settings = Settings().replace(local_kafka=started_kafka.settings)
     with local_broker_unless(None, settings, keep=False) as address:
-        assert address == local_kafka.bootstrap
-    assert local_kafka.status()["running"] is True
+        assert address == started_kafka.bootstrap
+    assert started_kafka.status()["running"] is True
     assert capsys.readouterr().err == "==> local broker reused\n"
 
 

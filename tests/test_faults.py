@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from harness import Deployment
 from ledger import answered_past_commit, check_ledger, committed, in_flight
+from support import require
 from tiny_model import build_tiny_bert
 
 from pipeline.client import RequestProducer
@@ -348,8 +349,10 @@ def _tiny_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
         capture_output=True, text=True, check=False,
     )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
+    require(
+        done.returncode == 0,
+        f"mount -t tmpfs (root or CAP_SYS_ADMIN): {done.stderr.strip() or done.returncode}",
+    )
     try:
         yield path
     finally:

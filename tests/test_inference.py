@@ -1,8 +1,8 @@
 """The inference stage: model loading, embed/classify, the engine thread, bisection.
 
-Unit tier: no broker. The real all-MiniLM-L6-v2 is loaded once per module
-(a few seconds); a tiny BERT built in a temporary folder covers ``classify``
-and fault injection cheaply.
+Unit tier: no broker. The real all-MiniLM-L6-v2 is loaded once per run (the
+``minilm`` fixture, tests/conftest.py; tests using it are ``slow``); a tiny
+BERT built in a temporary folder covers ``classify`` and fault injection cheaply.
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Model:
-    return load_model(ModelSettings())
-
-
-@pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
@@ -89,10 +84,8 @@ def test_embeddings_match_direct_transformers(minilm: Model) -> None:
 
 
 def test_embeddings_match_sentence_transformers(minilm: Model) -> None:
-    try:
-        from sentence_transformers import SentenceTransformer
-    except Exception as exc:  # an import failure of any kind: skip only this check
-        pytest.skip(f"sentence-transformers does not import: {exc}")
+    from sentence_transformers import SentenceTransformer  # a dev dependency
+
     st = SentenceTransformer(default_model_path(), device="cpu")
     expected = st.encode(TEXTS, convert_to_numpy=True)
     for pred, want in zip(minilm.predict(TEXTS), expected, strict=True):

@@ -67,26 +67,25 @@ def test_produce_consume_round_trip(
 
 
 @pytest.mark.kafka
-def test_kafka_status_cli(local_kafka: LocalKafka | None, tmp_path: Path) -> None:
+def test_kafka_status_cli(started_kafka: LocalKafka, tmp_path: Path) -> None:
     runner = CliRunner()
-    if local_kafka is not None:
-        result = runner.invoke(
-            main,
-            [
-                "kafka",
-                "status",
-                "--port",
-                str(local_kafka.port),
-                "--data-dir",
-                str(local_kafka.data_dir),
-            ],
-        )
-        assert result.exit_code == 0, result.output
-        state = json.loads(result.output)
-        assert state["running"] is True
-        assert state["answering"] is True
-        assert state["pid"] == local_kafka.read_pid()
-        assert state["bootstrap"] == local_kafka.bootstrap
+    result = runner.invoke(
+        main,
+        [
+            "kafka",
+            "status",
+            "--port",
+            str(started_kafka.port),
+            "--data-dir",
+            str(started_kafka.data_dir),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.output)
+    assert state["running"] is True
+    assert state["answering"] is True
+    assert state["pid"] == started_kafka.read_pid()
+    assert state["bootstrap"] == started_kafka.bootstrap
     result = runner.invoke(main, ["kafka", "status", "--data-dir", str(tmp_path / "none")])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["running"] is False
@@ -126,9 +125,8 @@ def test_up_idempotent_down_and_restart(make_local_kafka: Callable[[], LocalKafk
         pid = broker.read_pid()
         assert pid is not None
 
-        started = time.monotonic()
+        # Idempotent: the running broker is reused, not restarted (same process).
         assert broker.up() == broker.bootstrap
-        assert time.monotonic() - started < 5
         assert broker.read_pid() == pid
 
         topic = f"restart.{uuid.uuid4().hex[:8]}"

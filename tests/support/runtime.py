@@ -1,0 +1,58 @@
+"""Driving :class:`pipeline.worker.Runtime` in the test process: a stand-in model, and
+a way to know that the runtime has finished with what it was given."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.inference import Prediction
+from pipeline.inference.outcome import BatchOutcome, Outcome
+from pipeline.worker import Runtime
+
+__all__ = ["LengthEngine", "settle"]
+
+
+class LengthEngine:
+    """Stands in for the model (not the code under test): embeds a text as its
+    length, never fails, yields to the event loop once per batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
+        self.batches.append(list(texts))
+        await asyncio.sleep(0)
+        outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
+        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
+
+    def busy_fraction(self) -> float:
+        return 0.0
+
+    def tokenize_ms(self) -> float | None:
+        return None
+
+
+async def settle(
+    runtime: Runtime,
+    batches: asyncio.Future[Any],
+    done: Callable[[], bool],
+    *,
+    timeout_s: float = 30.0,
+) -> None:
+    """Return once ``done()`` holds, the scheduler holds nothing, and every task the
+    runtime spawned has finished (``batches``, its :meth:`Runtime.run` loop, is
+    cancelled then, with nothing left to batch).
+
+    What the runtime was ever going to do with its inputs is done by then, so a
+    test that reads its outputs afterwards checks "nothing more happens" without
+    a sleep. Raises AssertionError when ``done()`` never holds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (done() and len(runtime.scheduler) == 0):
+        assert loop.time() < deadline, f"not settled in {timeout_s} s: {runtime.counters}"
+        await asyncio.sleep(0.005)
+    batches.cancel()
+    await runtime.close(timeout_s)
