@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import random
 import subprocess
 import sys
@@ -23,12 +24,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import require
+from support.runtime import LengthEngine, settle
 
 from pipeline.client import request_bytes
 from pipeline.codec import HEADER_LEN, MARKER, dead_letter_codec, request_codec, result_codec
 from pipeline.errors import DecodeError, PermanentError, ValidationError
-from pipeline.inference import Prediction
-from pipeline.inference.outcome import BatchOutcome, Outcome
 from pipeline.intake import Request, parse
 from pipeline.publish import Origin, Publisher
 from pipeline.settings import LANES, Settings, ValidationSettings
@@ -249,21 +250,6 @@ def test_payload_over_the_cap_is_rejected_without_decoding() -> None:
 # -- the worker's core: one answer per input, offsets released in order ------------
 
 
-class _FakeEngine:
-    """Embeds a text as its length; never fails."""
-
-    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
-        await asyncio.sleep(0)
-        outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
-        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
-
-    def busy_fraction(self) -> float:
-        return 0.0
-
-    def tokenize_ms(self) -> float | None:
-        return None
-
-
 Answered = tuple[list[Any], list[Any], list[int]]
 
 
@@ -283,7 +269,7 @@ async def _through_runtime(values: list[tuple[str, bytes]]) -> Answered:
     s = Settings.from_env({})
     runtime = Runtime(
         s,
-        engine=_FakeEngine(),  # type: ignore[arg-type]
+        engine=LengthEngine(),  # type: ignore[arg-type]
         publisher=Publisher(send, results_topic="res", dlq_topic="dlq", retry=s.retry),
         ack=ack,
     )
@@ -295,11 +281,8 @@ async def _through_runtime(values: list[tuple[str, bytes]]) -> Answered:
                 key=None, value=value,
             )
             await runtime.submit(Incoming(lane=lane, origin=origin, token=offset))
-        for _ in range(500):
-            if len(acked) == len(values):
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # nothing more may arrive
+        # Settled: every task the runtime spawned has ended, so nothing more arrives.
+        await settle(runtime, loop_task, lambda: len(acked) == len(values))
     finally:
         loop_task.cancel()
         await runtime.close(1.0)
@@ -388,7 +371,7 @@ atheris.Fuzz()
 
 
 def test_atheris_fuzzes_parse_without_a_crash(tmp_path: Path) -> None:
-    pytest.importorskip("atheris")
+    require(importlib.util.find_spec("atheris"), "atheris (a dev dependency: ./run setup)")
     script = tmp_path / "fuzz_parse.py"
     script.write_text(textwrap.dedent(_FUZZ))
     corpus = tmp_path / "corpus"
