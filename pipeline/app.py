@@ -16,7 +16,7 @@ import dataclasses
 import gc
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import faust
 from mode import Service
@@ -104,7 +104,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _look_up_starts(sender: Any, assigned: Any, **kwargs: Any) -> None:
-        holder.start_offsets.prefetch(
+        holder.start_offsets.assigned(
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
@@ -182,6 +182,7 @@ class _RuntimeHolder(Service):
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())
         self.add_future(self.stalls.run())
+        self.add_future(self._redo_lost_seeks())
         self.ready.set()
         log.info(
             "pipeline ready: model %s on %s (event loop %s)",
@@ -196,6 +197,15 @@ class _RuntimeHolder(Service):
         # The first call pays for lazy initialisation; keep it off real requests.
         await engine.run(["warm-up"])
         return engine
+
+    async def _redo_lost_seeks(self, interval_s: float = 1.0) -> None:
+        """Seek again where a seek back to skipped records got no answer (continuity.py)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for tp, offset in self.continuity.overdue():
+                log.warning("%s: seek back to %d got no records; seeking again", tp, offset)
+                with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
+                    await self.app.consumer.seek(cast(Any, tp), offset)
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""
@@ -245,8 +255,10 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
             msg = event.message
             if not holder.continuity.knows(msg.tp):
                 start = await holder.start_offsets.get((msg.topic, msg.partition))
-                if start is not None:
-                    holder.continuity.start_at(msg.tp, start)
+                if start is None:  # revoked while its start was looked up: not ours
+                    faust_edge.forget(holder.app.consumer, [msg])
+                    continue
+                holder.continuity.start_at(msg.tp, start)
             verdict = holder.continuity.check(msg.tp, msg.offset)
             if verdict.seek_to is not None:
                 log.error(

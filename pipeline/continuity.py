@@ -20,14 +20,17 @@ or a later one, still inside the hole (those offsets did not come back). A
 hole is accepted as real (transaction markers, say) only when the same first
 record comes back after :data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a
 record that repeats, or a stream that restarts past the hole, means a seek
-was lost, and it is redone.
+was lost, and it is redone; so is a seek whose records have not come back
+within ``reseek_after_ms`` (the stream kept delivering records past the hole,
+or nothing at all: :meth:`Continuity.overdue` names those for a timer).
 
 Pure: no Faust imports; the caller performs the seek.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 __all__ = ["SEEKS_BEFORE_ACCEPTING", "Continuity", "Verdict"]
@@ -57,14 +60,22 @@ class _Pending:
     first: int  # the earliest record past the hole seen since the last seek
     seeks: int  # seeks in a row whose first record was ``first``
     last: int  # the last offset seen since the last seek (restarts show as repeats)
+    sought_at_ms: float  # when the last seek was asked for
 
 
 class Continuity:
     """Next expected offset per partition (see the module's promise)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        reseek_after_ms: float = 2000.0,
+        clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
+    ) -> None:
         self._expected: dict[Hashable, int] = {}
         self._pending: dict[Hashable, _Pending] = {}
+        self._reseek_after_ms = reseek_after_ms
+        self._clock_ms = clock_ms
 
     def check(self, partition: Hashable, offset: int) -> Verdict:
         """Judge the next record of ``partition``; call for every record, in order."""
@@ -83,19 +94,37 @@ class Continuity:
                     del self._pending[partition]
                     self._expected[partition] = offset + 1
                     return Verdict(process=True, accepted_hole=(pending.sought, offset - 1))
-                self._pending[partition] = _Pending(pending.sought, offset, seeks, offset)
+                self._pending[partition] = _Pending(
+                    pending.sought, offset, seeks, offset, self._clock_ms()
+                )
                 return Verdict(process=False, seek_to=pending.sought)
             elif offset <= pending.last:  # the stream restarted past the hole: seek lost
                 pending.last = offset
+                pending.sought_at_ms = self._clock_ms()
                 return Verdict(process=False, seek_to=pending.sought)
             else:  # buffered before the seek; fetched again after it
                 pending.last = offset
+                now = self._clock_ms()
+                if now - pending.sought_at_ms >= self._reseek_after_ms:  # seek lost
+                    pending.sought_at_ms = now
+                    return Verdict(process=False, seek_to=pending.sought)
                 return Verdict(process=False)
         elif expected is not None and offset > expected:
-            self._pending[partition] = _Pending(expected, offset, 0, offset)
+            self._pending[partition] = _Pending(expected, offset, 0, offset, self._clock_ms())
             return Verdict(process=False, seek_to=expected)
         self._expected[partition] = offset + 1
         return Verdict(process=True)
+
+    def overdue(self) -> list[tuple[Hashable, int]]:
+        """Seeks asked for ``reseek_after_ms`` ago or longer whose records have not come
+        back: (partition, offset) to seek again; each is timed afresh from now."""
+        now = self._clock_ms()
+        due = []
+        for partition, pending in self._pending.items():
+            if now - pending.sought_at_ms >= self._reseek_after_ms:
+                pending.sought_at_ms = now
+                due.append((partition, pending.sought))
+        return due
 
     def knows(self, partition: Hashable) -> bool:
         """Whether a next offset is expected for ``partition`` (False after assignment)."""

@@ -8,13 +8,18 @@ soon as the assignment is known; the first record of a partition then usually
 finds its offset already there instead of holding its lane for the lookup
 (measured: the first realtime requests after a worker start expired while
 each partition's lookup ran in line).
+
+A lookup that fails (broker unreachable, coordinator moving) is retried with
+capped backoff until it succeeds or the partition is revoked: without its
+start, the agent could not tell a skipped record from the first one, so it
+holds the partition rather than accept whatever offset comes first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipeline.settings import Settings
@@ -25,40 +30,96 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 
+#: Looks up start offsets of many partitions at once; raises when the broker cannot tell.
+LookupFn = Callable[[list[TopicPartition]], dict[TopicPartition, int]]
+
 
 class StartOffsets:
     """The group's committed offset of a partition, else its log's first offset.
 
     ``prefetch`` starts one lookup for many partitions; ``get`` returns a
-    partition's offset (waiting for a lookup under way, or starting one), or
-    None when the broker could not tell (the caller then skips the check).
-    One admin client serves every lookup of the worker's life.
+    partition's offset, waiting for a lookup under way or starting one, and
+    retrying failed lookups every ``retry_s`` (doubling up to ``retry_max_s``)
+    for as long as the partition is assigned; it returns None only when the
+    partition was forgotten (revoked) meanwhile. One admin client serves every
+    lookup of the worker's life.
     """
 
-    def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        timeout_s: float = 10.0,
+        *,
+        lookup: LookupFn | None = None,
+        retry_s: float = 0.5,
+        retry_max_s: float = 5.0,
+    ) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
+        self._lookup_fn: LookupFn = lookup or self._lookup
         self._admin: Any = None
         self._lookups: dict[TopicPartition, asyncio.Future[dict[TopicPartition, int]]] = {}
+        self.failures = 0  # failed lookups over the worker's life (a metric's source)
+        self._revoked: set[TopicPartition] = set()
 
     def prefetch(self, partitions: Iterable[TopicPartition]) -> None:
         """Start looking up ``partitions`` not already known or under way."""
         todo = [tp for tp in partitions if tp not in self._lookups]
         if not todo:
             return
-        future = asyncio.get_running_loop().run_in_executor(None, self._lookup, todo)
+        future = asyncio.get_running_loop().run_in_executor(None, self._lookup_fn, todo)
         for tp in todo:
             self._lookups[tp] = future
 
     async def get(self, partition: TopicPartition) -> int | None:
+        """The partition's start offset; None only if it was forgotten while waiting."""
         if partition not in self._lookups:
             self.prefetch([partition])
-        found = await self._lookups[partition]
-        return found.get(partition)
+        delay = self.retry_s
+        while True:
+            future = self._lookups.get(partition)
+            if future is None:
+                return None  # revoked while we waited
+            try:
+                found = await asyncio.shield(future)
+            except Exception as exc:
+                found = {}
+                if self._lookups.get(partition) is future:
+                    self.failures += 1
+                    log.warning(
+                        "%s[%d]: start offset unknown (%s: %s); holding the partition, "
+                        "asking again in %.1fs",
+                        partition[0],
+                        partition[1],
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                    )
+            if partition in found:
+                return found[partition]
+            if self._lookups.get(partition) is future:
+                del self._lookups[partition]
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                if partition not in self._lookups and not self._forgotten(partition):
+                    self.prefetch([partition])
 
     def forget(self, partition: TopicPartition) -> None:
-        """Drop what is known of a revoked partition; a new assignment looks again."""
+        """Drop what is known of a revoked partition; a new assignment looks again,
+        and a ``get`` waiting for it returns None."""
         self._lookups.pop(partition, None)
+        self._revoked.add(partition)
+
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """The partitions are (again) this worker's: look their starts up."""
+        todo = list(partitions)
+        self._revoked.difference_update(todo)
+        self.prefetch(todo)
+
+    def _forgotten(self, partition: TopicPartition) -> bool:
+        return partition in self._revoked
 
     def _lookup(self, todo: list[TopicPartition]) -> dict[TopicPartition, int]:
         from confluent_kafka import ConsumerGroupTopicPartitions
@@ -86,6 +147,9 @@ class StartOffsets:
                 for tp, low in futures.items():
                     found[(tp.topic, tp.partition)] = int(low.result(timeout=self.timeout_s).offset)
             return found
-        except Exception as exc:  # best effort: the in-stream check still runs
-            log.warning("could not read the start offsets of %d partitions: %s", len(todo), exc)
-            return {}
+        except Exception as exc:
+            from pipeline.errors import BrokerUnavailable
+
+            raise BrokerUnavailable(
+                f"start offsets of {len(todo)} partitions: {type(exc).__name__}: {exc}"
+            ) from exc

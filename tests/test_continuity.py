@@ -101,3 +101,43 @@ def test_faust_never_drops_lane_records_below_its_read_offset(tmp_path: Path) ->
     assert consumer._read_offset[lane] is None
     assert consumer._read_offset.__getitem__(lane) is None  # as the fetch loop reads it
     assert consumer._read_offset[other] == 12
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def __call__(self) -> float:
+        return self.ms
+
+
+def test_a_seek_whose_records_never_come_back_is_redone_after_a_while() -> None:
+    """The stream keeps delivering records past the hole (the seek was lost without a
+    restart): they are passed over, and the seek is asked for again once overdue."""
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock)
+    for o in range(0, 3):
+        c.check("p", o)
+    assert c.check("p", 7).seek_to == 3
+    clock.ms = 1000
+    assert c.check("p", 8) == Verdict(process=False)  # may still be buffered
+    clock.ms = 2500
+    assert c.check("p", 9) == Verdict(process=False, seek_to=3)
+    assert c.check("p", 10) == Verdict(process=False)  # timed afresh from the new seek
+    assert c.check("p", 3).process
+
+
+def test_overdue_names_seeks_of_partitions_that_went_quiet() -> None:
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock)
+    c.check("p", 0)
+    c.check("q", 0)
+    assert c.check("p", 5).seek_to == 1
+    clock.ms = 1999
+    assert c.overdue() == []
+    clock.ms = 2000
+    assert c.overdue() == [("p", 1)]
+    assert c.overdue() == []  # timed afresh
+    assert c.check("p", 1).process
+    clock.ms = 10_000
+    assert c.overdue() == []  # the hole was filled

@@ -56,10 +56,35 @@ def test_committed_offset_else_log_start_in_one_lookup(
     assert asyncio.run(lookup()) == [3, 0, 2]
 
 
-def test_an_unreachable_broker_gives_none_not_an_error(
+def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
     settings_for: Callable[..., Settings],
 ) -> None:
+    """No start offset, no guess: ``get`` asks again and again, and gives up (None)
+    only when the partition is revoked."""
     base = settings_for()
     settings = base.replace(kafka=dataclasses.replace(base.kafka, bootstrap_servers="127.0.0.1:1"))
-    starts = StartOffsets(settings, timeout_s=1.0)
-    assert asyncio.run(starts.get(("nowhere", 0))) is None
+    starts = StartOffsets(settings, timeout_s=0.5, retry_s=0.05, retry_max_s=0.1)
+
+    async def scenario() -> tuple[bool, int | None]:
+        waiting = asyncio.ensure_future(starts.get(("nowhere", 0)))
+        while starts.failures < 2:  # noqa: ASYNC110  (a counter, polled: two lookups failed)
+            await asyncio.sleep(0.05)
+        held = not waiting.done()
+        starts.forget(("nowhere", 0))
+        return held, await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(scenario()) == (True, None)
+
+
+def test_a_failed_lookup_is_retried_until_the_broker_tells() -> None:
+    calls: list[list[tuple[str, int]]] = []
+
+    def flaky(todo: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        calls.append(todo)
+        if len(calls) < 3:
+            raise RuntimeError("coordinator not available")
+        return dict.fromkeys(todo, 42)
+
+    starts = StartOffsets(Settings.from_env(), lookup=flaky, retry_s=0.01, retry_max_s=0.02)
+    assert asyncio.run(starts.get(("lane", 1))) == 42
+    assert len(calls) == 3 and starts.failures == 2
