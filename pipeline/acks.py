@@ -55,6 +55,11 @@ class OffsetWatermark(Generic[T]):
             released.append(token)  # type: ignore[arg-type]
         return released
 
+    def tokens_from(self, partition: Hashable, offset: int) -> list[T]:
+        """Tokens of the partition's pending offsets from ``offset`` on, in order."""
+        queue = self._pending.get(partition, OrderedDict())
+        return [entry[0] for o, entry in queue.items() if o >= offset]  # type: ignore[misc]
+
     def forget(self, partition: Hashable) -> int:
         """Drop a partition's pending offsets (after it was revoked); return how many."""
         return len(self._pending.pop(partition, ()))

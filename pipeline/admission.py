@@ -1,0 +1,154 @@
+"""Admission: how much a lane may hold, and in which order its inputs are released.
+
+An input is *admitted* when the worker takes it on and *released* once its
+answer is safely in Kafka. Between the two it counts against its lane's bounds,
+in records and in bytes (so a burst of large records cannot hold gigabytes),
+and it holds the per-partition watermark: :meth:`Admission.release` returns the
+tokens safe to acknowledge, a contiguous prefix per partition, in offset order.
+
+When a rebalance starts, :meth:`Admission.give_up` abandons inputs that were
+admitted but not started (named by the caller) and wakes every waiter of
+:meth:`Admission.admit`, which then returns False. A partition's inputs from the
+first abandoned one on can no longer be released in this assignment: their
+tokens are returned so the caller can tell Faust to stop waiting for them;
+their offsets stay uncommitted and are read again by the partition's next owner.
+
+Pure: no Faust, no Kafka; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pipeline.acks import OffsetWatermark
+
+__all__ = ["Admission", "LaneBounds"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LaneBounds:
+    """Most inputs, and most bytes of their values, a lane may hold at once.
+
+    One input is always admitted into an empty lane, whatever its size, so a
+    record larger than ``max_bytes`` waits for its lane to drain, never forever.
+    """
+
+    max_records: int
+    max_bytes: int
+
+
+@dataclass
+class _Held:
+    lane: str
+    size: int
+    since_ms: int
+
+
+class Admission(Generic[T]):
+    """Per-lane bounds and the offset watermark (see the module's promise)."""
+
+    def __init__(
+        self, lanes: Iterable[str], bounds: LaneBounds, *, clock_ms: Callable[[], int]
+    ) -> None:
+        self.bounds = bounds
+        self.watermark: OffsetWatermark[T] = OffsetWatermark()
+        self._clock_ms = clock_ms
+        self._lanes = tuple(lanes)
+        self._records = dict.fromkeys(self._lanes, 0)
+        self._bytes = dict.fromkeys(self._lanes, 0)
+        self._room = {lane: asyncio.Event() for lane in self._lanes}
+        self._held: dict[tuple[Hashable, int], _Held] = {}  # in admission order
+        self._epoch = 0
+
+    # -- bounds ---------------------------------------------------------------
+
+    def has_room(self, lane: str, size: int) -> bool:
+        records, held = self._records[lane], self._bytes[lane]
+        if records == 0:
+            return True
+        return records < self.bounds.max_records and held + size <= self.bounds.max_bytes
+
+    async def admit(self, lane: str, partition: Hashable, offset: int, size: int, token: T) -> bool:
+        """Wait for room in ``lane``, then hold the input; False (not held) when a
+        rebalance gave up waiting inputs meanwhile.
+
+        A partition whose offsets went backwards (handed back from its last
+        commit by a rebalance) is forgotten first: what was held is read again.
+        """
+        epoch = self._epoch
+        while not self.has_room(lane, size):
+            room = self._room[lane]
+            room.clear()
+            await room.wait()
+            if self._epoch != epoch:
+                return False
+        try:
+            self.watermark.track(partition, offset, token)
+        except ValueError:
+            self.forget(partition)
+            self.watermark.track(partition, offset, token)
+        self._held[(partition, offset)] = _Held(lane, size, self._clock_ms())
+        self._records[lane] += 1
+        self._bytes[lane] += size
+        return True
+
+    def release(self, partition: Hashable, offset: int) -> list[T]:
+        """The input is answered: free its room; return the tokens now safe to ack."""
+        self._unhold(partition, offset)
+        return self.watermark.done(partition, offset)
+
+    def _unhold(self, partition: Hashable, offset: int) -> None:
+        held = self._held.pop((partition, offset), None)
+        if held is None:
+            return  # forgotten by a rebalance, or released already
+        self._records[held.lane] -= 1
+        self._bytes[held.lane] -= held.size
+        self._room[held.lane].set()
+
+    # -- rebalances -------------------------------------------------------------
+
+    def give_up(self, unstarted: Iterable[tuple[Hashable, int]]) -> list[T]:
+        """Abandon ``unstarted`` inputs (partition, offset) and every waiter of
+        :meth:`admit`; return the tokens Faust must stop waiting for: per partition,
+        those of the first abandoned offset and every later one held."""
+        self._epoch += 1
+        for room in self._room.values():
+            room.set()
+        first: dict[Hashable, int] = {}
+        for partition, offset in unstarted:
+            if (partition, offset) in self._held:
+                first[partition] = min(offset, first.get(partition, offset))
+                self._unhold(partition, offset)
+        stranded: list[T] = []
+        for partition, low in first.items():
+            stranded.extend(self.watermark.tokens_from(partition, low))
+        return stranded
+
+    def forget(self, partition: Hashable) -> int:
+        """The partition was revoked (or rewound): drop what it held; return how many."""
+        for key in [k for k in self._held if k[0] == partition]:
+            self._unhold(*key)
+        return self.watermark.forget(partition)
+
+    # -- gauges -----------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Inputs admitted and not yet released, over every lane."""
+        return self.watermark.pending()
+
+    def held_bytes(self, lane: str) -> int:
+        return self._bytes[lane]
+
+    def held_records(self, lane: str) -> int:
+        return self._records[lane]
+
+    def oldest_ms(self) -> int:
+        """How long the oldest input admitted and not yet answered has waited (0: none)."""
+        for held in self._held.values():
+            return max(0, self._clock_ms() - held.since_ms)
+        return 0
