@@ -1,8 +1,10 @@
 """A small client for producing requests and reading answers (confluent-kafka).
 
 >>> with RequestProducer(settings) as producer:           # doctest: +SKIP
-...     producer.send("hello world", lane="realtime")
+...     rid = producer.send("hello world", lane="realtime")
 ...     producer.flush()
+...     for answer in producer.answers([rid]):
+...         print(answer.kind, answer.record)
 
 The producer is idempotent with ``acks=all`` and keys each request by its
 content hash with the Java client's partitioner (murmur2), so identical texts
@@ -13,20 +15,36 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, Producer
 
-from pipeline.codec import dead_letter_codec, request_codec, result_codec
+from pipeline.codec import request_codec
 from pipeline.dedupe import content_hash
-from pipeline.errors import BrokerUnavailable, DecodeError, PublishError, ValidationError
-from pipeline.security import AuthWatch, client_config
-from pipeline.settings import LANES, Settings
+from pipeline.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    PublishError,
+    ValidationError,
+)
+from pipeline.intake import MAX_REQUEST_ID_CHARS
+from pipeline.logs import LibrdkafkaLog
+from pipeline.reader import Answer, read_answers
+from pipeline.security import AuthWatch, client_config, connect
+from pipeline.settings import LANES, PREFIX, Settings
 
-__all__ = ["Answer", "RequestProducer", "read_answers", "request_bytes"]
+BOOTSTRAP_VAR = f"{PREFIX}KAFKA_BOOTSTRAP_SERVERS"
+
+__all__ = [
+    "Answer",
+    "RequestProducer",
+    "check_request",
+    "read_answers",
+    "request_bytes",
+    "require_bootstrap",
+]
 
 
 def request_bytes(
@@ -53,44 +71,155 @@ def request_bytes(
     return rid, value
 
 
-class RequestProducer:
-    """Produces InferenceRequests to the lane topics; ``flush`` waits for every ack."""
+def require_bootstrap(settings: Settings) -> str:
+    """The bootstrap address, or ConfigurationError naming the setting when empty."""
+    boot = settings.kafka.bootstrap_servers.strip()
+    if not boot:
+        raise ConfigurationError(
+            f"{BOOTSTRAP_VAR} is empty; set it to the brokers' host:port[,...]"
+        )
+    return boot
 
-    def __init__(self, settings: Settings, *, source: str = "pipeline.client") -> None:
+
+def check_request(
+    settings: Settings, text: object, request_id: object, deadline_ms: object
+) -> None:
+    """Raise ValidationError for a request a worker would dead-letter at ``validate``."""
+    if request_id is not None and not (
+        isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS
+    ):
+        raise ValidationError(
+            f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} characters, "
+            f"got {request_id!r:.60}"
+        )
+    rid = request_id if isinstance(request_id, str) else None
+    if not isinstance(text, str):
+        raise ValidationError(f"text must be a string, got {text!r:.60}", request_id=rid)
+    if not text.strip():
+        raise ValidationError("text is empty", request_id=rid)
+    cap = settings.validation.max_text_chars
+    if len(text) > cap:
+        raise ValidationError(
+            f"text of {len(text)} characters exceeds the cap of {cap} "
+            f"({PREFIX}VALIDATION_MAX_TEXT_CHARS)",
+            request_id=rid,
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError("text is not valid Unicode", request_id=rid) from None
+    if deadline_ms is not None and (
+        isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int)
+    ):
+        raise ValidationError(
+            f"deadline_ms must be an integer (epoch ms), got {deadline_ms!r:.60}", request_id=rid
+        )
+
+
+class _ProducerIdWatch(LibrdkafkaLog):
+    """The producer's log: notes when its idempotent producer id is assigned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned = False
+
+    def seen(self, line: str) -> None:
+        if "Idempotent producer state change" in line:
+            self.assigned = line.rstrip().endswith("-> Assigned")
+
+
+class RequestProducer:
+    """Produces InferenceRequests to the lane topics; ``flush`` waits for every ack.
+
+    The constructor connects (see :meth:`connect`) before it returns, unless
+    ``connect_timeout_s`` is None: a request sent right after construction does
+    not wait for the connection, and a wrong address, missing lane topics or
+    refused credentials fail here, in one line, instead of at the first flush.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        source: str = "pipeline.client",
+        connect_timeout_s: float | None = 10.0,
+    ) -> None:
         self.settings = settings
         self.source = source
         self._errors: list[str] = []
         self.acked = 0
+        #: Epoch ms when this producer was made: its requests' answers come after it.
+        self.started_ms = int(time.time() * 1000)
         self._watch = AuthWatch(settings)
+        self._pid = _ProducerIdWatch()
         self._producer = Producer(
             {
                 **client_config(settings, self._watch),
+                "logger": self._pid,
+                "debug": "eos",  # a few lines per producer: its idempotence state changes
                 "client.id": settings.kafka.client_id + "-producer",
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
                 "partitioner": "murmur2_random",
                 "message.timeout.ms": 30000,
+                # A typo in the topic prefix must not create topics with the broker's
+                # default partition count: connect() checks the lanes exist instead.
+                "allow.auto.create.topics": False,
             }
         )
+        if connect_timeout_s is not None:
+            self.connect(connect_timeout_s)
 
     def connect(self, timeout_s: float = 10.0) -> None:
         """Connect to the cluster now, so the first requests do not wait for it.
 
         A new producer connects (and, idempotent, gets its producer id) on its
         first send: measured here, that first acknowledgement took 100-500 ms,
-        against under 1 ms once connected. Raises :class:`BrokerUnavailable`
-        when no broker answers within ``timeout_s``.
+        against under 1 ms once connected. Waits for the lane topics' metadata
+        and the producer id as well. Raises :class:`BrokerUnavailable` when no
+        broker answers within ``timeout_s`` (naming the address and its
+        setting), :class:`ConfigurationError` when a lane topic is missing,
+        AuthenticationFailed when the broker refuses this client.
         """
+        boot = require_bootstrap(self.settings)
         try:
-            self._producer.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            self._watch.check()
+            meta = connect(self._producer, self._watch, timeout_s)
+        except BrokerUnavailable as exc:
             raise BrokerUnavailable(
-                f"no broker answered within {timeout_s}s at "
-                f"{self.settings.kafka.bootstrap_servers}: {exc}"
+                f"no broker answered within {timeout_s}s at {boot} "
+                f"({self._watch.last_error or 'no reply'}); check {BOOTSTRAP_VAR}, or start "
+                "a local broker with `pipeline kafka up`"
             ) from exc
-        self._watch.check()
+        lanes = [self.settings.topics.lane_topic(lane) for lane in LANES]
+        missing = [t for t in lanes if t not in meta.topics]
+        if missing:
+            raise ConfigurationError(
+                f"lane topic(s) {', '.join(missing)} do not exist at {boot}; create them with "
+                f"`pipeline topics create`, or check {PREFIX}TOPICS_PREFIX "
+                f"({self.settings.topics.prefix!r})"
+            )
+        # librdkafka holds every record until the producer id is assigned, and retries
+        # a refused request for it (a broker still loading its coordinator) only after
+        # 500 ms: wait for it here, not in the first request's deadline.
+        deadline = time.monotonic() + timeout_s
+        while not self._pid.assigned and time.monotonic() < deadline:
+            self._producer.poll(0.02)
+            self._watch.check()
+
+    def answers(
+        self, request_ids: Iterable[str], *, timeout_s: float | None = 60.0
+    ) -> Iterator[Answer]:
+        """Yield the answer (result or dead letter) to each of ``request_ids``, as
+        they come; stops once each has one, or at ``timeout_s``.
+
+        Reads from this producer's start (less a minute, for clocks that differ
+        between hosts), not from the topics' beginning.
+        """
+        start = self.started_ms - 60_000
+        yield from read_answers(
+            self.settings, request_ids=list(request_ids), start=start, timeout_s=timeout_s
+        )
 
     def __enter__(self) -> RequestProducer:
         return self
@@ -115,9 +244,17 @@ class RequestProducer:
         deadline_ms: int | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> str:
-        """Queue one request for ``lane``; return its request_id."""
+        """Queue one request for ``lane``; return its request_id.
+
+        Raises ValidationError, before sending, for what a worker would only
+        dead-letter: an unknown lane, an empty text, a text over
+        ``PIPELINE_VALIDATION_MAX_TEXT_CHARS``, a record over
+        ``PIPELINE_VALIDATION_MAX_PAYLOAD_BYTES``, a request id that is not a
+        string of 1-256 characters, a deadline that is not an integer.
+        """
         if lane not in LANES:
             raise ValidationError(f"unknown lane {lane!r}; expected one of {', '.join(LANES)}")
+        check_request(self.settings, text, request_id, deadline_ms)
         rid, value = request_bytes(
             text,
             request_id=request_id,
@@ -125,6 +262,13 @@ class RequestProducer:
             source=self.source,
             metadata=metadata,
         )
+        cap = self.settings.validation.max_payload_bytes
+        if len(value) > cap:
+            raise ValidationError(
+                f"request of {len(value)} bytes exceeds the cap of {cap} "
+                f"({PREFIX}VALIDATION_MAX_PAYLOAD_BYTES)",
+                request_id=rid,
+            )
         key = content_hash(text, self.settings.model.model_id).encode("ascii")
         self.send_raw(lane, key, value)
         return rid
@@ -159,77 +303,3 @@ class RequestProducer:
         if self._errors:
             errors, self._errors = self._errors, []
             raise PublishError(f"{len(errors)} requests failed: {errors[0]}")
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A decoded record from the results or dead-letter topic."""
-
-    kind: str  # "result" or "dead_letter"
-    record: dict[str, Any]
-    topic: str
-    partition: int
-    offset: int
-
-
-def read_answers(
-    settings: Settings,
-    *,
-    expect: int | None = None,
-    timeout_s: float = 60.0,
-    idle_s: float | None = None,
-    group_id: str | None = None,
-) -> Iterator[Answer]:
-    """Yield results and dead letters from the start of both topics.
-
-    Stops after ``expect`` answers, after ``idle_s`` without a new one, or at
-    ``timeout_s``, whichever comes first. Uses a throwaway consumer group
-    unless ``group_id`` is given.
-    """
-    watch = AuthWatch(settings)
-    consumer = Consumer(
-        {
-            **client_config(settings, watch),
-            "group.id": group_id or f"pipeline-reader-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    results, dlq = settings.topics.results_topic, settings.topics.dlq_topic
-    try:
-        consumer.subscribe([results, dlq])
-        seen = 0
-        end = time.monotonic() + timeout_s
-        last = time.monotonic()
-        while time.monotonic() < end and (expect is None or seen < expect):
-            if idle_s is not None and time.monotonic() - last > idle_s:
-                break
-            msg = consumer.poll(0.2)
-            watch.check()
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    continue
-                raise BrokerUnavailable(str(err))
-            last = time.monotonic()
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            assert topic is not None and partition is not None and offset is not None
-            codec = result_codec() if topic == results else dead_letter_codec()
-            try:
-                record = codec.decode(msg.value())
-            except DecodeError:
-                continue
-            seen += 1
-            yield Answer(
-                kind="result" if topic == results else "dead_letter",
-                record=record,
-                topic=topic,
-                partition=partition,
-                offset=offset,
-            )
-    except KafkaException as exc:
-        raise BrokerUnavailable(str(exc)) from exc
-    finally:
-        consumer.close()

@@ -6,9 +6,16 @@ body. Readers look the writer schema up by fingerprint among every known
 version (``schemas/*.avsc`` and ``schemas/history/*.avsc``) and resolve it to
 the current schema, so records written with an older version still decode.
 
-Promises: ``decode`` either returns a dict valid for the current schema or
-raises :class:`~pipeline.errors.DecodeError`; it never reads past the buffer
-and never allocates more than a small multiple of the input's size.
+A request may also arrive as a UTF-8 JSON object with the schema's field
+names (:meth:`Codec.decode_json`); :meth:`Codec.decode_any` tells the
+encodings apart by their first bytes (``C3 01`` Avro single-object, ``{``
+JSON, ``00`` the Confluent Schema Registry's framing, not read here).
+
+Promises: ``decode`` and ``decode_any`` either return a dict valid for the
+current schema or raise :class:`~pipeline.errors.DecodeError` (bytes that are
+no record) or :class:`~pipeline.errors.ValidationError` (a JSON object that
+breaks the schema: the message names the field); they never read past the
+buffer and never allocate more than a small multiple of the input's size.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import fastavro
 import fastavro.schema
 
+from pipeline.codec_json import json_record
 from pipeline.errors import DecodeError
 
 __all__ = [
@@ -141,6 +149,29 @@ class Codec:
         if not isinstance(record, dict):
             raise DecodeError(f"{self.current.name} did not decode to a record")
         return record
+
+    def decode_json(self, data: bytes | bytearray | memoryview) -> dict[str, Any]:
+        """Decode a UTF-8 JSON object with the current schema's fields, as strictly as
+        Avro: every field without a default present, no unknown field, each value of
+        its field's type (``long`` a 64-bit integer, strings valid Unicode).
+
+        Raises DecodeError for bytes that are not one JSON object, ValidationError
+        naming the field otherwise (with the request id when it could be read).
+        """
+        return json_record(bytes(data), self.current.parsed)
+
+    def decode_any(self, data: bytes | bytearray | memoryview | None) -> dict[str, Any]:
+        """Decode Avro single-object or JSON, told apart by the first bytes."""
+        if data is not None:
+            head = bytes(data[:1])
+            if head == b"{":
+                return self.decode_json(data)
+            if head == b"\x00":
+                raise DecodeError(
+                    "Confluent Schema Registry framing (magic byte 00): this worker reads "
+                    "Avro single-object encoding (C3 01) and JSON objects only"
+                )
+        return self.decode(data)
 
 
 @cache

@@ -7,14 +7,16 @@ else, whatever the bytes.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipeline.codec import request_codec
-from pipeline.dedupe import content_hash
+from pipeline.codec import HEADER_LEN, MARKER, request_codec
+from pipeline.dedupe import InputKeys, content_hash
 from pipeline.errors import DecodeError, ValidationError
 from pipeline.settings import ValidationSettings
 
-__all__ = ["Request", "parse"]
+__all__ = ["Request", "parse", "peek_request_id"]
 
 MAX_REQUEST_ID_CHARS = 256
 
@@ -28,9 +30,41 @@ class Request:
     created_at_ms: int
     deadline_ms: int
     lane: str
+    #: The Kafka key: producers compute it, for partitioning (and consumers, for duplicates).
     content_hash: str
+    #: What dedupe levels match on: equal only for the same model input and model.
+    dedupe_key: str
     source: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+
+
+_JSON_ID = re.compile(rb'"request_id"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
+
+
+def peek_request_id(value: bytes) -> str | None:
+    """The request id of a record too large to decode, read from its first bytes
+    (Avro: the first field; JSON: a plain ``"request_id": "..."`` near the start),
+    or None. Reads at most a few hundred bytes of Avro and 4 KiB of JSON."""
+    try:
+        if value.startswith(MARKER):
+            pos, shift, raw = HEADER_LEN, 0, 0
+            while pos < min(len(value), HEADER_LEN + 10):  # zig-zag varint length
+                byte = value[pos]
+                raw |= (byte & 0x7F) << shift
+                pos, shift = pos + 1, shift + 7
+                if not byte & 0x80:
+                    break
+            size = (raw >> 1) ^ -(raw & 1)
+            if 0 < size <= MAX_REQUEST_ID_CHARS * 4 and pos + size <= len(value):
+                rid = value[pos : pos + size].decode("utf-8")
+                return rid if len(rid) <= MAX_REQUEST_ID_CHARS else None
+        elif value.startswith(b"{"):
+            match = _JSON_ID.search(value[:4096])
+            if match:
+                return match.group(1).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None
 
 
 def parse(
@@ -41,15 +75,23 @@ def parse(
     model_id: str,
     limits: ValidationSettings,
     received_at_ms: int,
+    keys: Callable[[str], str] | None = None,
 ) -> Request:
-    """Decode and validate one lane record (see the module's promise)."""
+    """Decode and validate one lane record (see the module's promise).
+
+    The record may be Avro single-object encoded or a JSON object (told apart by
+    its first bytes, :meth:`pipeline.codec.Codec.decode_any`); both are checked
+    by the same rules below. ``keys`` computes the dedupe key (the model's
+    :class:`~pipeline.dedupe.InputKeys`); without it texts dedupe only when equal.
+    """
     if value is not None and len(value) > limits.max_payload_bytes:
         raise ValidationError(
-            f"payload of {len(value)} bytes exceeds the cap of {limits.max_payload_bytes}"
+            f"payload of {len(value)} bytes exceeds the cap of {limits.max_payload_bytes}",
+            request_id=peek_request_id(value),
         )
     try:
-        record = request_codec().decode(value)
-    except DecodeError:
+        record = request_codec().decode_any(value)
+    except (DecodeError, ValidationError):
         raise
     except Exception as exc:  # belt and braces: nothing else may escape
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
@@ -79,6 +121,7 @@ def parse(
         deadline_ms=deadline_ms,
         lane=lane,
         content_hash=content_hash(text, model_id),
+        dedupe_key=(keys or InputKeys(model_id))(text),
         source=record.get("source", ""),
         metadata=dict(record.get("metadata") or {}),
     )

@@ -33,9 +33,11 @@ from pipeline.settings import LogSettings
 __all__ = [
     "PAYLOAD_FIELDS",
     "JsonFormatter",
+    "LibrdkafkaLog",
     "PayloadFilter",
     "RepeatFilter",
     "configure_logging",
+    "librdkafka_log",
 ]
 
 #: ``extra`` fields that may hold request content; redacted unless allowed.
@@ -183,3 +185,33 @@ def configure_logging(
         handler.addFilter(RepeatFilter())
         handler.addFilter(PayloadFilter(allow_payloads))
     return formatter
+
+
+class LibrdkafkaLog:
+    """confluent-kafka's ``logger`` option: librdkafka's own log lines into Python
+    logging (logger ``librdkafka``) instead of raw to stderr.
+
+    librdkafka logs every failed connection attempt at syslog level 3 and retries
+    it itself; what cannot be retried reaches the caller as an error or an
+    exception, which the pipeline turns into one line naming the setting to fix.
+    So its errors and warnings (syslog 0-4) are logged at INFO and the rest at
+    DEBUG: a command run without logging set up shows none of them, a worker at
+    ``-l info`` shows the first kind.
+    """
+
+    def __init__(self, name: str = "librdkafka") -> None:
+        self.logger = logging.getLogger(name)
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """Called by confluent-kafka with a Python logging level (mapped from syslog's)."""
+        ours = logging.INFO if level >= logging.WARNING else logging.DEBUG
+        self.logger.log(ours, msg, *args)
+        self.seen(msg % args if args else msg)
+
+    def seen(self, line: str) -> None:
+        """Hook for subclasses that wait for a state librdkafka only logs."""
+
+
+def librdkafka_log() -> dict[str, Any]:
+    """The client options that route librdkafka's log lines through :class:`LibrdkafkaLog`."""
+    return {"logger": LibrdkafkaLog()}

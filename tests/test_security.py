@@ -320,7 +320,9 @@ def test_wrong_password_stops_the_producer_long_before_its_timeout(
     secure_broker: LocalKafka,
 ) -> None:
     settings = Settings.from_env(sasl_env(secure_broker, PIPELINE_KAFKA_SECURITY_PASSWORD="no"))
-    producer = RequestProducer(settings)
+    with pytest.raises(AuthenticationFailed, match="refused SCRAM-SHA-512 user 'alice'"):
+        RequestProducer(settings, connect_timeout_s=600)  # connecting fails at once
+    producer = RequestProducer(settings, connect_timeout_s=None)
     producer.send("x", lane="bulk")
     with pytest.raises(AuthenticationFailed, match="refused SCRAM-SHA-512 user 'alice'"):
         producer.flush(timeout_s=600)

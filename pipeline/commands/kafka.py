@@ -89,7 +89,13 @@ def kafka_down(settings: Settings, port: int | None, data_dir: str | None, timeo
 @_kafka_data_option
 @click.pass_obj
 def kafka_status(settings: Settings, port: int | None, data_dir: str | None) -> None:
-    """Print the broker's state as JSON (running, pid, bootstrap, data_dir, version)."""
+    """Print the broker's state as JSON (running, pid, bootstrap, data_dir, version).
+
+    Exits 1 when the broker is not running, so scripts can test it.
+    """
     import json as _json
 
-    click.echo(_json.dumps(_local_kafka(settings, port, data_dir).status(), indent=2))
+    state = _local_kafka(settings, port, data_dir).status()
+    click.echo(_json.dumps(state, indent=2))
+    if not state["running"]:
+        raise click.exceptions.Exit(1)

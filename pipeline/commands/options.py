@@ -12,6 +12,7 @@ from pipeline.settings import Settings
 
 __all__ = [
     "bootstrap_option",
+    "connect_timeout_option",
     "epoch_ms",
     "keep_broker_option",
     "local_broker_unless",
@@ -74,3 +75,10 @@ keep_broker_option = click.option(
     "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
 )
 seed_option = click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
+connect_timeout_option = click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the broker before giving up.",
+)

@@ -10,8 +10,9 @@ default and help text, and the README lists them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar, get_type_hints
 
 from pipeline.errors import ConfigurationError
@@ -136,7 +137,8 @@ class Settings:
         unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
         if unknown:
             raise ConfigurationError(
-                f"unknown setting(s) {', '.join(unknown)}; run `pipeline settings` for the list"
+                f"unknown setting(s) {', '.join(unknown)}{suggest(unknown[0], known)}; "
+                "run `pipeline settings` for the list"
             )
         sections = {name: _load(cls_, name, env) for name, cls_ in _SECTIONS.items()}
         return cls(**sections)
@@ -144,6 +146,12 @@ class Settings:
     def replace(self, **sections: Any) -> Settings:
         """A copy with whole sections swapped, e.g. ``s.replace(kafka=...)``."""
         return dataclasses.replace(self, **sections)
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the known setting closest to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def describe() -> Iterator[tuple[str, str, str]]:
