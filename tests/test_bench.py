@@ -287,8 +287,13 @@ def test_the_bench_producer_connects_before_its_clock_starts(kafka_bootstrap: st
     from pipeline.errors import BrokerUnavailable
     from pipeline.settings import Settings
 
-    live = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
-    RequestProducer(live).connect(timeout_s=10)
+    from pipeline.topics import create_topics
+
+    live = Settings.from_env(
+        {"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "PIPELINE_TOPICS_PREFIX": "connect."}
+    )
+    create_topics(live)
+    RequestProducer(live).connect(timeout_s=10)  # the constructor connected; again is harmless
     dead = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     with pytest.raises(BrokerUnavailable, match=r"no broker answered within 1\.0s"):
-        RequestProducer(dead).connect(timeout_s=1.0)
+        RequestProducer(dead, connect_timeout_s=1.0)
