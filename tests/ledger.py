@@ -292,6 +292,13 @@ class Ledger:
                 if other["label"] != res[0]["label"]:
                     raise LedgerError(f"{rid}: repeated results differ in label")
 
+    def input_ends(self) -> dict[tuple[str, int], int]:
+        """Per lane partition, one past the last input read."""
+        ends: dict[tuple[str, int], int] = {}
+        for topic, partition, offset in self.inputs:
+            ends[(topic, partition)] = max(ends.get((topic, partition), 0), offset + 1)
+        return ends
+
     def answered_past(self, offsets: dict[tuple[str, int], int]) -> int:
         """Inputs at or past ``offsets`` (committed) that already have an answer:
         after a crash, exactly these can be answered a second time."""
@@ -314,6 +321,22 @@ class Ledger:
         }
 
 
+def _wait_committed(
+    settings: Settings, upto: dict[tuple[str, int], int], deadline: float
+) -> None:
+    """Return once the worker's group has committed each partition up to ``upto``;
+    raise :class:`LedgerError` at ``deadline``."""
+    lanes = sorted({t for t, _ in upto})
+    while True:
+        done = committed(settings.kafka.bootstrap_servers, settings.worker.app_id, lanes)
+        behind = {tp: (done.get(tp, 0), end) for tp, end in upto.items() if done.get(tp, 0) < end}
+        if not behind:
+            return
+        if time.monotonic() >= deadline:
+            raise LedgerError(f"every input answered, but not committed (at, end): {behind}")
+        time.sleep(0.5)
+
+
 def check_ledger(
     settings: Settings,
     *,
@@ -322,7 +345,8 @@ def check_ledger(
     atol: float = 1e-4,
     expect_inputs: int | tuple[int, int] | None = None,
 ) -> dict[str, int]:
-    """Wait until every input is answered (or ``timeout_s``), then check the promises.
+    """Wait until every input is answered (or ``timeout_s``) and then committed by the
+    worker's group (so a worker must be running), then check the promises.
 
     Raises :class:`LedgerError` naming what is missing, duplicated past
     ``max_duplicates`` or inconsistent; returns :meth:`Ledger.summary` with
@@ -340,8 +364,12 @@ def check_ledger(
         if not lost or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
-    time.sleep(0.5)
-    ledger.read(time.monotonic() + 60)  # late duplicates count too
+    if not lost:
+        # Late duplicates count too: once the group has committed past every input,
+        # the worker is done with them (each answer is acknowledged before its
+        # offset is released), so what it answered is on the topics now.
+        _wait_committed(settings, ledger.input_ends(), time.monotonic() + 60)
+        ledger.read(time.monotonic() + 60)
     summary = {**ledger.summary(), "max_duplicates": max_duplicates}
     if expect_inputs is not None:
         low, high = (
