@@ -60,17 +60,22 @@ def test_worker_is_the_faust_worker_after_topics() -> None:
 def test_dockerfile_builds_the_package_on_python_311() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in text
-    assert "pip install --no-cache-dir -e ." in text
+    # The image installs the versions the suite passed with (constraints.txt).
+    assert "pip install --no-cache-dir -c constraints.txt -e ." in text
 
 
 def test_every_pipeline_variable_in_compose_is_a_known_setting() -> None:
     from pipeline.settings import Settings
 
+    checked = set()
     for name, service in _compose().items():
         env = service.get("environment") or {}
         pipeline_env = {k: str(v) for k, v in env.items() if k.startswith("PIPELINE_")}
         Settings.from_env(pipeline_env)  # raises on an unknown or invalid variable
-        assert name  # every service parsed
+        if pipeline_env:
+            checked.add(name)
+    # The check saw the services that configure the pipeline.
+    assert {"worker", "worker-gpu"} <= checked, checked
 
 
 def test_workers_serve_metrics_and_scale_without_shared_state() -> None:
