@@ -5,20 +5,20 @@ order (DESIGN.md's delivery rules):
 
     publish result/dead letter → await broker ack → store dedupe entry → release offset
 
-Releasing hands the input's offset to the per-partition watermark, which acks
+Releasing hands the input's offset to admission's per-partition watermark
+(:mod:`pipeline.admission`, which also bounds each lane), which acks
 to Faust only a contiguous prefix. Each answer also feeds the metrics and the
 load shedder (realtime lateness).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.acks import OffsetWatermark
+from pipeline.admission import Admission, LaneBounds
 from pipeline.codec import result_codec
 from pipeline.dedupe import StoredResults
 from pipeline.errors import PermanentError, PublishError
@@ -86,31 +86,43 @@ class Answers:
         self._ack = ack
         self._clock_ms = clock_ms
         self._store_in_context = store_in_context or (lambda token, fn: fn())
-        self.watermark: OffsetWatermark[Any] = OffsetWatermark()
         # Per lane, so a flooded bulk lane never blocks realtime intake.
-        self.inflight = {lane: asyncio.Semaphore(settings.batch.max_inflight) for lane in LANES}
+        self.admission: Admission[Any] = Admission(
+            LANES,
+            LaneBounds(settings.batch.max_inflight, settings.batch.max_inflight_bytes),
+            clock_ms=clock_ms,
+        )
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
 
-    async def accept(self, incoming: Incoming) -> None:
-        """Take an input on: wait for room in its lane, then track its offset."""
-        await self.inflight[incoming.lane].acquire()
+    async def accept(self, incoming: Incoming) -> bool:
+        """Take an input on: wait for room in its lane (records and bytes), then track
+        its offset. False when a rebalance gave up waiting inputs meanwhile: the input
+        is not this worker's to answer any more."""
         origin = incoming.origin
+        size = len(origin.value or b"") + len(origin.key or b"")
         tp = (origin.topic, origin.partition)
-        try:
-            self.watermark.track(tp, origin.offset, incoming.token)
-        except ValueError:
-            # The partition was rewound (a rebalance handed it back from its last
-            # commit): what was in flight for it is being delivered again.
-            self.forget_partition(*tp)
-            self.watermark.track(tp, origin.offset, incoming.token)
+        if not await self.admission.admit(incoming.lane, tp, origin.offset, size, incoming.token):
+            return False
         self.counters["received"] += 1
         self.metrics.arrived(incoming.lane)
+        return True
+
+    def give_up(self, unstarted: list[Incoming]) -> list[Any]:
+        """Abandon ``unstarted`` inputs (a rebalance starts): they are never answered
+        here; return the tokens Faust must stop waiting for (see Admission.give_up)."""
+        return self.admission.give_up(
+            ((i.origin.topic, i.origin.partition), i.origin.offset) for i in unstarted
+        )
 
     def inflight_count(self) -> int:
         """Inputs accepted but not yet released, over every lane."""
-        return self.watermark.pending()
+        return self.admission.pending()
+
+    def oldest_unreleased_ms(self) -> int:
+        """How long the oldest input accepted and not yet answered has waited (0: none)."""
+        return self.admission.oldest_ms()
 
     async def result(
         self, work: Work, prediction: Prediction, *, leader: Work, on_stored: Callable[[], object]
@@ -258,13 +270,12 @@ class Answers:
 
     async def _release(self, incoming: Incoming) -> None:
         origin = incoming.origin
-        self.inflight[incoming.lane].release()
-        for token in self.watermark.done((origin.topic, origin.partition), origin.offset):
+        for token in self.admission.release((origin.topic, origin.partition), origin.offset):
             await self._ack(token)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Stop tracking a revoked partition's offsets; their records get redelivered."""
-        dropped = self.watermark.forget((topic, partition))
+        dropped = self.admission.forget((topic, partition))
         self.metrics.forget_partition(topic, partition)
         if dropped:
             log.info(

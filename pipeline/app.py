@@ -48,7 +48,7 @@ def _broker_url(bootstrap: str) -> str:
 def create_app(settings: Settings) -> faust.App:
     """Build the Faust app for ``settings``; nothing connects until the worker starts."""
     s = settings
-    app = faust.App(
+    app = _App(
         s.worker.app_id,
         broker=_broker_url(s.kafka.bootstrap_servers),
         broker_client_id=s.kafka.client_id,
@@ -86,6 +86,7 @@ def create_app(settings: Settings) -> faust.App:
         options={"ttl": s.dedupe.ttl_s},
     )
     holder = _RuntimeHolder(app, s, table)
+    app.rebalance_hooks.append(holder.on_rebalance_start)
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
     for lane, topic in lane_topics.items():
         app.agent(topic, name=f"pipeline.lane.{lane}")(_lane_agent(lane, holder))
@@ -113,6 +114,21 @@ def create_app(settings: Settings) -> faust.App:
     return app
 
 
+class _App(faust.App):
+    """A Faust app that says when a rebalance starts, before Faust waits for every
+    record its agents took (``wait_empty``): the pipeline then gives up work it has
+    not started, so the revoke waits only for running batches (docs/design.md)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rebalance_hooks: list[Callable[[], None]] = []
+
+    def on_rebalance_start(self) -> None:
+        super().on_rebalance_start()
+        for hook in self.rebalance_hooks:
+            hook()
+
+
 class _RuntimeHolder(Service):
     """Loads the model and runs the batch loop for the life of the worker."""
 
@@ -121,6 +137,7 @@ class _RuntimeHolder(Service):
         self.settings = settings
         self.table = table
         self.runtime: Runtime | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.engine: InferenceEngine | None = None
         self.fallback: InferenceEngine | None = None
         self.telemetry: DeviceTelemetry | None = None
@@ -132,8 +149,15 @@ class _RuntimeHolder(Service):
         self.start_offsets = StartOffsets(settings)
         super().__init__()
 
+    def on_rebalance_start(self) -> None:
+        """Called on the consumer's thread: hand the give-up to the worker's loop."""
+        loop, runtime = self._loop, self.runtime
+        if loop is not None and runtime is not None:
+            loop.call_soon_threadsafe(runtime.give_up_unstarted)
+
     async def on_start(self) -> None:
         s = self.settings
+        self._loop = asyncio.get_running_loop()
         configure_logging(
             s.log, allow_payloads=s.worker.log_payloads, static={"app": s.worker.app_id}
         )
@@ -169,6 +193,9 @@ class _RuntimeHolder(Service):
             metrics=self.metrics,
             fallback=fallback,
             fallback_model=fallback_model,
+            forget=lambda tokens: faust_edge.forget(
+                self.app.consumer, [event.message for _stream, event in tokens]
+            ),
         )
         await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
         # A full collection walks every tracked object: with torch, transformers and Faust
@@ -296,7 +323,8 @@ def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
                 ),
                 token=(manual, event),
             )
-            await runtime.submit(incoming)
+            if not await runtime.submit(incoming):  # a rebalance started: not ours
+                faust_edge.forget(holder.app.consumer, [msg])
 
     consume.__name__ = f"{lane}_lane"
     return consume

@@ -63,6 +63,7 @@ class Runtime:
         fallback: InferenceEngine | None = None,
         fallback_model: tuple[str, str] | None = None,
         clock_ms: Callable[[], int] = wall_ms,
+        forget: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -122,6 +123,12 @@ class Runtime:
         self._engine_free_ms = 0.0  # when the engine is predicted to have run them all
         self._batch_done = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Giving up on a rebalance: tokens Faust must stop waiting for go to ``forget``;
+        # work parked for room in a full lane queue is unstarted too.
+        self._forget = forget or (lambda tokens: None)
+        self._parked_work: dict[int, Work] = {}
+        self._epoch = 0
+        self._giving_up = asyncio.Event()
         self._budget_changes = (0.0, 0.0)
 
     @property
@@ -130,14 +137,21 @@ class Runtime:
 
     # -- intake ---------------------------------------------------------------
 
-    async def submit(self, incoming: Incoming) -> None:
-        """Accept one consumed record; waits (backpressure) while its lane has too much in flight.
+    async def submit(self, incoming: Incoming) -> bool:
+        """Accept one consumed record; waits (backpressure) while its lane is paused or
+        has too much in flight. False when a rebalance started meanwhile
+        (:meth:`give_up_unstarted`): the record was not taken on, and the caller must
+        tell Faust not to wait for it.
 
         Must be called in offset order per partition, from the consuming
         context (stored-result lookups read the partition's table there).
         """
-        await self._open[incoming.lane].wait()
-        await self.answers.accept(incoming)
+        epoch = self._epoch
+        gate = self._open[incoming.lane]
+        if not gate.is_set() and not await self._until_set(gate, epoch):
+            return False
+        if not await self.answers.accept(incoming):
+            return False
         now = self._clock_ms()
         try:
             request = parse(
@@ -151,13 +165,27 @@ class Runtime:
         except PermanentError as exc:
             rid = getattr(exc, "request_id", None)
             self._spawn(self.answers.dead_letter(incoming, exc, 1, rid))
-            return
+            return True
         work = Work(incoming=incoming, request=request, arrived_ms=now)
         stored = self.stored.get(request.content_hash) if self.stored else None
         if stored is not None:
             self._spawn(self._serve_stored(work, stored))
-            return
+            return True
         await self._enqueue(work)
+        return True
+
+    async def _until_set(self, event: asyncio.Event, epoch: int) -> bool:
+        """Wait for ``event``; False if a rebalance gave up waiting work meanwhile."""
+        if self._epoch != epoch:
+            return False
+        giving_up = self._giving_up
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(giving_up.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self._epoch == epoch
 
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
@@ -172,10 +200,16 @@ class Runtime:
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
         item = Item(work, req.lane, deadline, work.arrived_ms, tokens)
+        epoch = self._epoch
         while not self.scheduler.offer(item):
             self._apply_pauses()
             self._room[req.lane].clear()
-            await self._room[req.lane].wait()
+            self._parked_work[id(work)] = work
+            try:
+                if not await self._until_set(self._room[req.lane], epoch):
+                    return  # given up on (give_up_unstarted): read again after the rebalance
+            finally:
+                self._parked_work.pop(id(work), None)
         self._apply_pauses()
         self._wake.set()
 
@@ -292,6 +326,31 @@ class Runtime:
         if shrinks > self._budget_changes[1]:
             m.budget_change("shrink")
         self._budget_changes = (grows, shrinks)
+
+    def give_up_unstarted(self) -> int:
+        """A rebalance starts: abandon work the model has not started (queued in the
+        scheduler, parked for room, or waiting at a paused lane's gate), so the revoke
+        waits only for running batches and answers being published. Abandoned offsets
+        stay uncommitted; the partition's next owner reads them again. Returns how
+        many inputs were abandoned."""
+        entries = list(self.scheduler.queues.all_entries())
+        self.scheduler.queues.remove(entries)
+        unstarted = [e.item.payload for e in entries] + list(self._parked_work.values())
+        self._parked_work.clear()
+        self._epoch += 1
+        giving_up, self._giving_up = self._giving_up, asyncio.Event()
+        giving_up.set()
+        stranded = self.answers.give_up([work.incoming for work in unstarted])
+        self._forget(stranded)
+        self._apply_pauses()
+        if unstarted:
+            log.info(
+                "rebalance: %d inputs not yet started given up (read again by the "
+                "partitions' next owners); %d more wait behind them",
+                len(unstarted),
+                max(0, len(stranded) - len(unstarted)),
+            )
+        return len(unstarted)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Stop tracking a revoked partition's offsets; their records get redelivered."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from pipeline.admission import Admission, LaneBounds
 
@@ -115,3 +116,75 @@ def test_a_rewound_partition_starts_over_and_oldest_counts_from_admission() -> N
     assert adm.pending() == 1 and adm.held_records("bulk") == 1
     clock.ms = 800
     assert adm.oldest_ms() == 300
+
+
+def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_batch() -> None:
+    """Runtime.give_up_unstarted: queued inputs are abandoned (Faust is told to stop
+    waiting for them and for every later offset), the running batch is answered, and
+    only the offsets before the first abandoned one are released."""
+    from support.runtime import LengthEngine
+
+    from pipeline.client import request_bytes
+    from pipeline.publish import Origin, Publisher
+    from pipeline.settings import Settings
+    from pipeline.worker import Incoming, Runtime
+
+    class GatedEngine(LengthEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.started = asyncio.Event()
+
+        async def run(self, texts: list[str], **shape: int | None) -> Any:
+            self.started.set()
+            await self.gate.wait()
+            return await super().run(texts, **shape)
+
+    async def scenario() -> tuple[int, list[int], list[int], int]:
+        released: list[int] = []
+        forgotten: list[int] = []
+
+        async def send(topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
+            ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            ack.set_result(None)
+            return ack
+
+        async def ack(token: Any) -> None:
+            released.append(token)
+
+        settings = Settings.from_env(
+            {"PIPELINE_SCHEDULER_MAX_ITEMS": "2", "PIPELINE_SCHEDULER_HANDOVER_MS": "-1"}
+        )
+        engine = GatedEngine()
+        runtime = Runtime(
+            settings,
+            engine=engine,  # type: ignore[arg-type]
+            publisher=Publisher(send, results_topic="res", dlq_topic="dlq"),
+            ack=ack,
+            forget=forgotten.extend,
+        )
+        loop = asyncio.ensure_future(runtime.run())
+        for offset in range(2):
+            _rid, value = request_bytes(f"text number {offset}", request_id=f"r-{offset}")
+            origin = Origin("lane.bulk", 0, offset, 0, None, value)
+            assert await runtime.submit(Incoming("bulk", origin, token=offset))
+        await asyncio.wait_for(engine.started.wait(), 10)  # offsets 0 and 1 are running
+        for offset in range(2, 6):
+            _rid, value = request_bytes(f"text number {offset}", request_id=f"r-{offset}")
+            origin = Origin("lane.bulk", 0, offset, 0, None, value)
+            assert await runtime.submit(Incoming("bulk", origin, token=offset))
+        abandoned = runtime.give_up_unstarted()
+        engine.gate.set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(released) < 2:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        loop.cancel()
+        await runtime.close(5)
+        return abandoned, released, forgotten, len(engine.batches)
+
+    abandoned, released, forgotten, batches = asyncio.run(scenario())
+    assert abandoned == 4
+    assert released == [0, 1]
+    assert forgotten == [2, 3, 4, 5]
+    assert batches == 1  # nothing abandoned ran

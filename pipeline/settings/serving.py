@@ -99,6 +99,11 @@ class BatchSettings:
     max_inflight: int = _field(
         2048, "per lane: most requests accepted but not yet acknowledged (then intake waits)"
     )
+    max_inflight_bytes: int = _field(
+        64 * 2**20,
+        "per lane: most bytes of record values accepted but not yet acknowledged (then intake "
+        "waits); one record always fits into an empty lane",
+    )
     stream_buffer: int = _field(
         1024,
         "per lane topic: records Faust may buffer ahead of the agent; bounds memory while "
