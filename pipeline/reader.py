@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -132,6 +132,7 @@ def read_answers(
     idle_s: float | None = None,
     until_end: bool = False,
     group_id: str | None = None,
+    on_start: Callable[[], object] | None = None,
 ) -> Iterator[Answer]:
     """Yield results and dead letters from ``start`` on, in each partition's order.
 
@@ -140,6 +141,8 @@ def read_answers(
     one, at ``timeout_s`` (None: never), or with ``until_end`` once it has read
     up to the topics' ends as they were when it started, whichever comes first.
     Nothing is committed (``group_id`` only names the consumer to the broker).
+    ``on_start`` is called once the start offsets are fixed: an answer written
+    after that call is read.
     Raises BrokerUnavailable when no broker answers, ConfigurationError when
     the topics do not exist.
     """
@@ -171,6 +174,8 @@ def read_answers(
         wanted = None if request_ids is None else set(request_ids)
         stop = _Stop(wanted, expect, timeout_s, idle_s, ends, until_end, begun=begun)
         consumer.assign(assignment)
+        if on_start is not None:
+            on_start()
         while not stop.reached():
             msg = consumer.poll(0.2)
             watch.check()

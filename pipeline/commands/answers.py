@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -63,6 +64,17 @@ def answer_json(settings: Settings, answer: Answer) -> str:
         "offset": answer.offset,
     }
     return json.dumps({**head, **record}, ensure_ascii=False)
+
+
+def _following(settings: Settings) -> Callable[[], None]:
+    def say() -> None:
+        click.echo(
+            f"following the answers on {settings.topics.results_topic} and "
+            f"{settings.topics.dlq_topic}; ^C to stop",
+            err=True,
+        )
+
+    return say
 
 
 @click.command("answers")
@@ -129,6 +141,7 @@ def answers_cmd(
         start=start,
         timeout_s=(timeout or None) if ids else None,
         until_end=not ids and not follow,
+        on_start=_following(target) if follow else None,
     )
     answered: set[str] = set()
     header = fmt == "table"
