@@ -1,7 +1,7 @@
 """Answering requests: results and dead letters out, then the input released.
 
 Every accepted input gets exactly one answer through this module, in this
-order (DESIGN.md's delivery rules):
+order (docs/design.md, delivery rules):
 
     publish result/dead letter → await broker ack → store dedupe entry → release offset
 

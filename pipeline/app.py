@@ -5,7 +5,7 @@
 This is the one place that knows the order of the stages; the stages
 themselves live in their own modules and know nothing of Faust. Values arrive
 as raw bytes and are decoded inside the agent, so no input can make Faust ack
-a record before its result or dead letter exists (DESIGN.md, delivery rules).
+a record before its result or dead letter exists (docs/design.md, delivery rules).
 """
 
 from __future__ import annotations

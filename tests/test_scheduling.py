@@ -36,7 +36,7 @@ def item(
 
 
 def cpu_ms(plan: Plan[int]) -> float:
-    """A 2-core CPU running MiniLM, roughly (DESIGN.md): 12 ms + 0.2 ms per padded token."""
+    """A 2-core CPU running MiniLM, roughly (docs/design.md): 12 ms + 0.2 ms per padded token."""
     return 12 + 0.2 * plan.padded_tokens
 
 
@@ -321,7 +321,7 @@ def fifo_padding(tokens: list[int], size: int) -> float:
 
 
 def mixed_lengths(n: int, seed: int = 3) -> list[int]:
-    """DESIGN.md's mixed workload: 80 % texts of 4-16 words, 20 % of 32-96 words, as tokens."""
+    """docs/design.md's mixed workload: 80 % texts of 4-16 words, 20 % of 32-96 words, as tokens."""
     rng = random.Random(seed)
     return [rng.randint(7, 24) if rng.random() < 0.8 else rng.randint(45, 130) for _ in range(n)]
 

@@ -12,7 +12,7 @@ from pipeline.settings._fields import _field
 class SchedulerSettings:
     """The adaptive micro-batch scheduler and its batch-size controller.
 
-    Defaults follow DESIGN.md's CPU measurements: 8-16 short texts (about 32
+    Defaults follow docs/design.md's CPU measurements: 8-16 short texts (about 32
     tokens each) per batch are the sweet spot, so a 512-token budget; the
     controller moves it between the bounds.
     """
