@@ -21,7 +21,7 @@ from typing import Any
 from pipeline.admission import Admission, LaneBounds
 from pipeline.codec import result_codec
 from pipeline.dedupe import StoredResults
-from pipeline.errors import PermanentError, PublishError
+from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
 from pipeline.guard import Guard
 from pipeline.inference import Prediction
 from pipeline.intake import Request
@@ -151,13 +151,15 @@ class Answers:
         key = work.request.content_hash.encode("ascii")
         try:
             value = await self.publisher.result(key, record)
-        except PublishError as exc:
+        except PublishError as exc:  # PublishRejected: surely not written
             if work is leader:
                 on_stored()
-            await self.dead_letter(
-                work.incoming, exc, self.settings.retry.max_attempts, work.request.request_id
-            )
+            await self.dead_letter(work.incoming, exc, 1, work.request.request_id)
             return
+        except BaseException:  # AnswerPathFailure: the worker is stopping; release nothing
+            if work is leader:
+                on_stored()
+            raise
         if work is leader:
             try:
                 if self.stored is not None and leader.storable and leader.model is None:
@@ -166,19 +168,17 @@ class Answers:
                         work.incoming.token, lambda: stored.put(content_hash, value)
                     )
             except Exception as exc:
-                # The result is out, but the store is broken (a full disk, say): keep the
-                # input unacknowledged, so intake stops once the in-flight bound is
-                # reached and the input is delivered again after a restart.
-                log.error(
-                    "cannot store the dedupe entry for %s[%d]@%d (%s: %s); not acknowledging "
-                    "it: free the store's disk and restart the worker",
-                    work.incoming.origin.topic,
-                    work.incoming.origin.partition,
-                    work.incoming.origin.offset,
-                    type(exc).__name__,
-                    exc,
-                )
-                return
+                # The result is out, but the store is broken (a full disk, say): stop the
+                # worker loudly with the input unreleased; it is delivered again after a
+                # restart (and answered again: at-least-once).
+                origin = work.incoming.origin
+                raise self.publisher.fail(
+                    AnswerPathFailure(
+                        f"cannot store the dedupe entry for {origin.topic}[{origin.partition}]"
+                        f"@{origin.offset} ({type(exc).__name__}: {exc}); free the store's "
+                        "disk and restart the worker"
+                    )
+                ) from exc
             finally:
                 on_stored()
         await self._answered(work.incoming, work.request, work.served)
@@ -205,10 +205,8 @@ class Answers:
         }
         try:
             await self.publisher.result(request.content_hash.encode("ascii"), record)
-        except PublishError as exc:
-            await self.dead_letter(
-                incoming, exc, self.settings.retry.max_attempts, request.request_id
-            )
+        except PublishError as exc:  # PublishRejected: surely not written
+            await self.dead_letter(incoming, exc, 1, request.request_id)
             return True
         await self._answered(incoming, request, "stored")
         return True
@@ -216,10 +214,11 @@ class Answers:
     async def dead_letter(
         self, incoming: Incoming, error: BaseException, attempts: int, request_id: str | None
     ) -> None:
-        """Publish a dead letter for the input, with its bytes untouched, then release it.
+        """Publish a dead letter for the input (see ``dead_letter_record``), then release it.
 
-        If even the dead letter is not acknowledged, the input stays unreleased:
-        its offset is never committed, so it is delivered again after a restart.
+        If the dead letter is not acknowledged, AnswerPathFailure is raised and the
+        worker stops (``Publisher.fail``): the input stays unreleased, its offset is
+        never committed, so it is delivered again after the restart.
         """
         stage = getattr(error, "stage", "infer")
         origin = incoming.origin
@@ -231,18 +230,7 @@ class Answers:
             failed_at_ms=self._clock_ms(),
             request_id=request_id,
         )
-        try:
-            await self.publisher.dead_letter(record)
-        except PublishError as exc:
-            log.error(
-                "dead letter for %s[%d]@%d not acknowledged (%s); the input stays "
-                "uncommitted and will be redelivered after a restart",
-                origin.topic,
-                origin.partition,
-                origin.offset,
-                exc,
-            )
-            return
+        await self.publisher.dead_letter(record)
         self.counters["dead_letters"] += 1
         self.metrics.dead_letter(stage, incoming.lane)
         if stage == "expired":

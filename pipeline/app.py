@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
+import signal
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -22,6 +24,7 @@ import faust
 from mode import Service
 
 from pipeline import faust_edge
+from pipeline.answer_producer import AnswerProducer
 from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
 from pipeline.dedupe import StoredResults
@@ -143,6 +146,7 @@ class _RuntimeHolder(Service):
         self.telemetry: DeviceTelemetry | None = None
         self.metrics_server: MetricsServer | None = None
         self.stalls: StallWatch | None = None
+        self.answer_producer: AnswerProducer | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
         self.continuity = Continuity()
@@ -176,11 +180,13 @@ class _RuntimeHolder(Service):
             fallback_model = (fb_settings.display_name, fb_settings.version)
         self.telemetry = DeviceTelemetry(model.device)
         self.metrics.model(s.model.display_name, s.model.version, str(model.device), s.model.task)
+        self.answer_producer = AnswerProducer(s, on_fatal=self._answer_path_failed)
+        self.answer_producer.start()
         publisher = Publisher(
-            self._send,
+            self.answer_producer.send,
             results_topic=s.topics.results_topic,
             dlq_topic=s.topics.dlq_topic,
-            retry=s.retry,
+            on_fatal=self._answer_path_failed,
         )
         stored = StoredResults(self.table, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
         self.runtime = Runtime(
@@ -258,6 +264,10 @@ class _RuntimeHolder(Service):
         if self.runtime is not None:
             await self.runtime.close()
         loop = asyncio.get_running_loop()
+        if self.answer_producer is not None:
+            left = await loop.run_in_executor(None, self.answer_producer.close, 10.0)
+            if left:
+                log.warning("%d answers unacknowledged at stop; inputs stay uncommitted", left)
         for engine in (self.engine, self.fallback):
             if engine is not None:
                 await loop.run_in_executor(None, engine.stop, 10.0)
@@ -268,8 +278,17 @@ class _RuntimeHolder(Service):
         if self.stalls is not None:
             self.stalls.close()
 
-    async def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
-        return await self.app.producer.send(topic, key, value, None, None, None)
+    def _answer_path_failed(self, failure: BaseException) -> None:
+        """Stop the worker loudly: it exits non-zero, commits only what was answered,
+        and waits for no unanswered input (each stays uncommitted: redelivered)."""
+        log.critical("stopping the worker: %s", failure)
+        self.app.conf.stream_wait_empty = False
+        for message in list(self.app.consumer.unacked):
+            self.app.consumer.unacked.discard(message)
+        root = self.beacon.root.data if self.beacon.root is not None else None
+        if root is not None and hasattr(root, "crash_reason"):
+            root.crash_reason = failure  # mode's Worker re-raises it: a non-zero exit
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:

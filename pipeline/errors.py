@@ -11,6 +11,10 @@
     │   ├── InferenceError      the model raised on an input (stage "infer" once out of tries)
     │   │   └── CircuitOpenError  the model's breaker is open: it was not called (stage "infer")
     │   └── PublishError        the broker did not acknowledge a result (stage "publish")
+    │       └── PublishRejected   refused for good (too large, not authorised, invalid):
+    │                             the record was surely not written; dead-letter the input
+    ├── AnswerPathFailure       a record's fate is unknown (timed out) or the producer is
+    │                           broken: stop the worker; the input stays uncommitted
     └── ConfigurationError      settings or environment that cannot work; says what to do
         ├── BrokerUnavailable   no broker answers at the configured address
         └── AuthenticationFailed  the broker refused the credentials, or TLS failed
@@ -22,6 +26,7 @@ that the stages catch only these types.
 from __future__ import annotations
 
 __all__ = [
+    "AnswerPathFailure",
     "AuthenticationFailed",
     "BrokerUnavailable",
     "CircuitOpenError",
@@ -32,6 +37,7 @@ __all__ = [
     "PermanentError",
     "PipelineError",
     "PublishError",
+    "PublishRejected",
     "RetryableError",
     "ValidationError",
 ]
@@ -90,6 +96,23 @@ class CircuitOpenError(InferenceError):
 
 class PublishError(RetryableError):
     """The broker did not acknowledge a produced record."""
+
+    stage = "publish"
+
+
+class PublishRejected(PublishError):
+    """The producer or broker refused a record for good: it was surely not written
+    (too large, topic not authorised, invalid record), so answering the input
+    with a dead letter cannot also leave a result behind."""
+
+    stage = "publish"
+
+
+class AnswerPathFailure(PipelineError):
+    """The answer path cannot go on: a record's fate is unknown (its delivery timed
+    out; it may be written), the producer hit a fatal error, or a dead letter was
+    refused. The worker stops loudly; the input stays uncommitted and is delivered
+    again after a restart (at-least-once), never answered twice in two ways."""
 
     stage = "publish"
 

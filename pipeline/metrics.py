@@ -96,6 +96,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pipeline_tokens_padded": ("counter", "tokens the model computed, padding included"),
     "pipeline_queue_depth": ("gauge", "requests waiting in a lane's queue"),
     "pipeline_inflight_requests": ("gauge", "requests accepted but not yet acknowledged"),
+    "pipeline_oldest_unreleased_input_seconds": (
+        "gauge",
+        "age of the oldest input accepted but not yet released (0 when none): a stuck input",
+    ),
     "pipeline_token_budget": ("gauge", "current padded-token budget of a batch"),
     "pipeline_token_budget_changes": ("counter", "budget changes by the controller"),
     "pipeline_lane_paused": ("gauge", "1 while a lane's topic is paused (backpressure)"),
@@ -163,6 +167,7 @@ class PipelineMetrics:
         self._padded_tokens = counter("pipeline_tokens_padded")
         self._depth = gauge("pipeline_queue_depth", ["lane"])
         self._inflight = gauge("pipeline_inflight_requests")
+        self._oldest = gauge("pipeline_oldest_unreleased_input_seconds")
         self._budget = gauge("pipeline_token_budget")
         self._budget_changes = counter("pipeline_token_budget_changes", ["direction"])
         self._paused = gauge("pipeline_lane_paused", ["lane"])
@@ -292,6 +297,9 @@ class PipelineMetrics:
 
     def inflight(self, n: int) -> None:
         self._inflight.set(n)
+
+    def oldest_unreleased(self, seconds: float) -> None:
+        self._oldest.set(max(0.0, seconds))
 
     def budget(self, tokens: int) -> None:
         self._budget.set(tokens)

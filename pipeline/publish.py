@@ -3,11 +3,15 @@
 Commit order, enforced by the worker with this module's help:
 publish the result or dead letter, wait for the broker's acknowledgement,
 store the dedupe entry, then release the input offset (in offset order).
+
+The records are built here (a dead letter's copy of its input is bounded);
+the producer that sends them is :mod:`pipeline.answer_producer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import random
@@ -17,17 +21,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.codec import dead_letter_codec, result_codec
-from pipeline.errors import PublishError
+from pipeline.errors import AnswerPathFailure, PublishRejected
 from pipeline.inference import Prediction
 from pipeline.intake import Request
 from pipeline.settings import RetrySettings
 
-__all__ = ["Origin", "Publisher", "SendFn", "backoff_ms", "dead_letter_record", "result_record"]
+__all__ = [
+    "DEAD_LETTER_KEY_PREFIX",
+    "DEAD_LETTER_VALUE_PREFIX",
+    "FatalFn",
+    "Origin",
+    "Publisher",
+    "SendFn",
+    "backoff_ms",
+    "dead_letter_record",
+    "result_record",
+]
 
 log = logging.getLogger(__name__)
 
 #: Sends one record and returns an awaitable that resolves on the broker's ack.
 SendFn = Callable[[str, bytes | None, bytes], Awaitable[Awaitable[Any]]]
+#: Stops the worker loudly; called once, with the failure that stopped the answer path.
+FatalFn = Callable[[BaseException], None]
+
+#: A dead letter copies at most this many bytes of its input's value (every valid
+#: request fits: validation's payload limit is 64 KiB); a longer value is cut and
+#: the dead letter carries its length and sha256 instead, so replay re-reads it
+#: from the lane topic. With the key's bound, the error message's 2,000
+#: characters and the request id's 256, a dead letter stays under 90 KiB: far
+#: below the answer producer's 1,000,000-byte limit.
+DEAD_LETTER_VALUE_PREFIX = 65_536
+#: The same for the input's key (which is also the dead letter's record key).
+DEAD_LETTER_KEY_PREFIX = 1_024
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -93,20 +119,29 @@ def dead_letter_record(
     failed_at_ms: int,
     request_id: str | None,
 ) -> dict[str, Any]:
-    """The DeadLetter record for an input, with its bytes untouched."""
+    """The DeadLetter record for an input: its coordinates, and its bytes untouched
+    up to :data:`DEAD_LETTER_VALUE_PREFIX` (:data:`DEAD_LETTER_KEY_PREFIX` for the
+    key). A value cut short carries ``value_length`` and ``value_sha256`` of the
+    whole; a key cut short, ``key_length``."""
+    key, value = origin.key, origin.value
+    long_value = value if value is not None and len(value) > DEAD_LETTER_VALUE_PREFIX else None
+    long_key = key if key is not None and len(key) > DEAD_LETTER_KEY_PREFIX else None
     return {
         "original_topic": origin.topic,
         "original_partition": origin.partition,
         "original_offset": origin.offset,
         "original_timestamp_ms": origin.timestamp_ms,
-        "key": origin.key,
-        "value": origin.value,
+        "key": key if long_key is None else long_key[:DEAD_LETTER_KEY_PREFIX],
+        "value": value if long_value is None else long_value[:DEAD_LETTER_VALUE_PREFIX],
+        "value_length": None if long_value is None else len(long_value),
+        "value_sha256": None if long_value is None else hashlib.sha256(long_value).hexdigest(),
+        "key_length": None if long_key is None else len(long_key),
         "stage": stage,
         "error_class": type(error).__name__,
         "error_message": str(error)[:2000],
         "attempts": attempts,
         "failed_at_ms": failed_at_ms,
-        "request_id": request_id,
+        "request_id": request_id[:256] if request_id is not None else None,
         "worker": WORKER_NAME,
     }
 
@@ -114,48 +149,78 @@ def dead_letter_record(
 class Publisher:
     """Sends results and dead letters and waits for the broker's acknowledgement.
 
-    A send that fails is retried ``retry.max_attempts`` times with backoff;
-    then :class:`PublishError` is raised and the caller must not acknowledge
-    the input.
+    It never resends: the producer behind ``send`` retries on its own
+    (librdkafka, idempotent, within a bounded delivery time). A send either
+    is acknowledged, or fails definitely (:class:`PublishRejected`: surely not
+    written; a result may then become a dead letter), or fails in any other way
+    (:class:`AnswerPathFailure`: maybe written). The latter, and a dead letter
+    that is refused, call ``on_fatal`` (which stops the worker) and raise
+    :class:`AnswerPathFailure`: the input stays unreleased, so it is delivered
+    again after the restart, and never gets both a result and a dead letter.
     """
 
     def __init__(
-        self, send: SendFn, *, results_topic: str, dlq_topic: str, retry: RetrySettings
+        self,
+        send: SendFn,
+        *,
+        results_topic: str,
+        dlq_topic: str,
+        on_fatal: FatalFn | None = None,
     ) -> None:
         self._send = send
         self.results_topic = results_topic
         self.dlq_topic = dlq_topic
-        self._retry = retry
+        self._on_fatal = on_fatal
+        self.failure: AnswerPathFailure | None = None
+
+    def fail(self, failure: BaseException) -> AnswerPathFailure:
+        """Stop the worker loudly (once) because of ``failure``; return it as the
+        pipeline's error, for the caller to raise."""
+        if not isinstance(failure, AnswerPathFailure):
+            wrapped = AnswerPathFailure(f"{type(failure).__name__}: {failure}")
+            wrapped.__cause__ = failure
+            failure = wrapped
+        assert isinstance(failure, AnswerPathFailure)
+        if self.failure is None:
+            self.failure = failure
+            log.critical(
+                "the answer path failed (%s); stopping the worker: inputs not yet answered "
+                "stay uncommitted and are delivered again after a restart",
+                failure,
+            )
+            if self._on_fatal is not None:
+                self._on_fatal(failure)
+        return failure
 
     async def _send_acked(self, topic: str, key: bytes | None, value: bytes) -> None:
-        for attempt in range(1, self._retry.max_attempts + 1):
-            try:
-                ack = await self._send(topic, key, value)
-                await ack
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if attempt == self._retry.max_attempts:
-                    raise PublishError(
-                        f"{topic}: not acknowledged after {attempt} attempts: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = backoff_ms(attempt, self._retry) / 1000
-                log.warning("publish to %s failed (%s); retrying in %.2fs", topic, exc, delay)
-                await asyncio.sleep(delay)
+        try:
+            ack = await self._send(topic, key, value)
+            await ack
+        except (asyncio.CancelledError, PublishRejected):
+            raise
+        except Exception as exc:
+            raise self.fail(exc) from exc
 
     async def result(self, key: bytes | None, record: dict[str, Any]) -> bytes:
-        """Publish a result; return its encoded bytes once acknowledged."""
-        value = result_codec().encode(record)
+        """Publish a result; return its encoded bytes once acknowledged.
+
+        Raises PublishRejected (not written: answer with a dead letter) or
+        AnswerPathFailure (the worker is stopping; leave the input unreleased).
+        """
+        try:
+            value = result_codec().encode(record)
+        except Exception as exc:  # nothing was sent: a definite failure
+            raise PublishRejected(f"cannot encode the result: {type(exc).__name__}: {exc}") from exc
         await self._send_acked(self.results_topic, key, value)
         return value
 
-    async def result_bytes(self, key: bytes | None, value: bytes) -> None:
-        """Publish an already-encoded result and wait for the acknowledgement."""
-        await self._send_acked(self.results_topic, key, value)
-
     async def dead_letter(self, record: dict[str, Any]) -> None:
-        """Publish a dead letter, keyed like its input, and wait for the acknowledgement."""
-        value = dead_letter_codec().encode(record)
-        await self._send_acked(self.dlq_topic, record.get("key"), value)
+        """Publish a dead letter, keyed like its input, and wait for the acknowledgement.
+
+        Raises AnswerPathFailure when it is not acknowledged, for whatever reason.
+        """
+        try:
+            value = dead_letter_codec().encode(record)
+            await self._send_acked(self.dlq_topic, record.get("key"), value)
+        except PublishRejected as exc:
+            raise self.fail(AnswerPathFailure(f"dead letter refused: {exc}")) from exc

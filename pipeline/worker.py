@@ -365,6 +365,7 @@ class Runtime:
             for lane in LANES:
                 self.metrics.queue_depth(lane, self.scheduler.depth(lane))
             self.metrics.inflight(self.answers.inflight_count())
+            self.metrics.oldest_unreleased(self.answers.oldest_unreleased_ms() / 1000)
             self.metrics.busy_fraction(self.engine.busy_fraction())
 
     # -- lifecycle ------------------------------------------------------------
@@ -376,9 +377,13 @@ class Runtime:
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """An exception that escapes a task may leave an input unanswered: never hold
+        it silently, stop the worker loudly (``Publisher.fail``; redelivered)."""
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("pipeline task failed", exc_info=task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("pipeline task failed", exc_info=exc)
+            self.answers.publisher.fail(exc)
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Let in-flight work finish for up to ``timeout_s``, then cancel the rest."""

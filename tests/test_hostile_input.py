@@ -270,7 +270,7 @@ async def _through_runtime(values: list[tuple[str, bytes]]) -> Answered:
     runtime = Runtime(
         s,
         engine=LengthEngine(),  # type: ignore[arg-type]
-        publisher=Publisher(send, results_topic="res", dlq_topic="dlq", retry=s.retry),
+        publisher=Publisher(send, results_topic="res", dlq_topic="dlq"),
         ack=ack,
     )
     loop_task = asyncio.ensure_future(runtime.run())

@@ -359,7 +359,7 @@ async def _handover(handover_ms: float, late_ms: int) -> tuple[int, int]:
     runtime = Runtime(
         s,
         engine=engine,  # type: ignore[arg-type]
-        publisher=Publisher(send, results_topic="res", dlq_topic="dlq", retry=s.retry),
+        publisher=Publisher(send, results_topic="res", dlq_topic="dlq"),
         ack=ack,
         clock_ms=lambda: now[0],
     )

@@ -196,6 +196,13 @@ def replay_dlq(
     if report.exhausted:
         shown = ", ".join(report.exhausted[:10])
         click.echo(f"skipped, replayed {max_attempts} times already: {shown}", err=True)
+    if report.gone:
+        shown = ", ".join(report.gone[:10])
+        click.echo(
+            f"not replayed, the input is gone from its topic (retention or compaction; the "
+            f"dead letter holds only its first bytes): {shown}",
+            err=True,
+        )
     if export_path is not None:
         click.echo(f"exported {report.exported} dead letters to {export_path}", err=True)
     click.echo(report.line(), err=True)

@@ -159,6 +159,19 @@ class ReplayKafka:
             if tp.offset >= 0 and tp.offset >= todo[key][1]:
                 del todo[key]
 
+    def record_at(self, topic: str, partition: int, offset: int) -> Any | None:
+        """The record at ``offset`` of ``topic[partition]``, or None when the topic no
+        longer holds it (retention or compaction removed it, or the topic is gone)."""
+        if topic not in self.topics or partition >= self.topics[topic]:
+            return None
+        low, high = self.watermarks(topic)[partition]
+        if not low <= offset < high:
+            return None
+        for msg in self.read({(topic, partition): (offset, offset + 1)}, desc="", progress=False):
+            if position_of(msg)[2] == offset:
+                return msg
+        return None
+
     def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
         tps = [TopicPartition(topic, p, off) for p, off in offsets.items()]
         try:

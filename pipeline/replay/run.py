@@ -4,7 +4,11 @@ A run always terminates, and is safe to repeat:
 
 1. read the dead-letter topic's end offsets (high watermarks) first: the range
    ends there, whatever arrives meanwhile;
-2. read ``[start, end)`` of every partition, decode, filter: the selection;
+2. read ``[start, end)`` of every partition, decode, filter: the selection; a
+   dead letter that holds only a prefix of its input's value (``value_length``
+   set) gets the whole value re-read from the original topic at its
+   coordinates, checked against ``value_sha256``; one whose input the topic no
+   longer holds is reported as gone and not sent;
 3. scan the destination topics, from the oldest selected input's timestamp, for
    records with a ``pipeline-replay-id`` header: what was already sent, and how
    many times each replayed record had been replayed (its lineage);
@@ -19,6 +23,7 @@ consumer that reads bounded ranges lives in ``kafka``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import sys
@@ -31,6 +36,7 @@ from typing import IO, Any
 from confluent_kafka import KafkaError, Producer
 from tqdm import tqdm
 
+from pipeline.answer_producer import BROKER_MAX_MESSAGE_BYTES
 from pipeline.codec import dead_letter_codec
 from pipeline.errors import ConfigurationError, DecodeError, PublishError
 from pipeline.replay.kafka import ReplayKafka, headers_of, position_of
@@ -91,6 +97,8 @@ class ReplayReport:
     exhausted: list[str] = field(default_factory=list)
     missing_topics: set[str] = field(default_factory=set)
     scanned: int = 0
+    refetched: int = 0
+    gone: list[str] = field(default_factory=list)
     sent: int = 0
     acked: int = 0
     exported: int = 0
@@ -105,7 +113,9 @@ class ReplayReport:
             f"read {self.read} dead letters ({self.undecodable} undecodable), "
             f"selected {sum(self.summary.values())}: "
             f"replayed {self.acked}{rate}, already sent {self.outcomes[ALREADY_SENT]}, "
-            f"over max attempts {self.outcomes[EXHAUSTED]}; {self.elapsed_s:.1f} s"
+            f"over max attempts {self.outcomes[EXHAUSTED]}"
+            + (f", input gone from its topic {len(self.gone)}" if self.gone else "")
+            + f"; {self.elapsed_s:.1f} s"
         )
 
 
@@ -134,6 +144,31 @@ def _select(
             _topic, partition, offset = position_of(msg)
             chosen.append(DeadLetter(dlq, partition, offset, record))
     return chosen
+
+
+def _whole(kafka: ReplayKafka, chosen: list[DeadLetter], report: ReplayReport) -> list[DeadLetter]:
+    """Step 2's end: put back the whole value of every dead letter that holds only a
+    prefix of it, re-read from the original topic; leave out (as gone) those whose
+    input the topic no longer holds, or holds with other bytes."""
+    out: list[DeadLetter] = []
+    for letter in chosen:
+        length, digest = letter.record.get("value_length"), letter.record.get("value_sha256")
+        if length is None:
+            out.append(letter)
+            continue
+        msg = kafka.record_at(*letter.origin)
+        value = None if msg is None else msg.value()
+        if msg is None or value is None or len(value) != length:
+            report.gone.append(letter.replay_id)
+            continue
+        if hashlib.sha256(value).hexdigest() != digest:  # the topic was recreated
+            report.gone.append(letter.replay_id)
+            continue
+        record = {**letter.record, "key": msg.key(), "value": value}
+        record.update(value_length=None, value_sha256=None, key_length=None)
+        out.append(dataclasses.replace(letter, record=record))
+        report.refetched += 1
+    return out
 
 
 def _scan(
@@ -213,7 +248,7 @@ def replay(
         kafka.require(dlq, "dead-letter")
         if options.to_topic:
             kafka.require(options.to_topic, "destination (--to)")
-        chosen = _select(kafka, dlq, options, report)
+        chosen = _whole(kafka, _select(kafka, dlq, options, report), report)
         report.summary = summarize(chosen)
         dests = {options.to_topic} if options.to_topic else set()
         since = min((int(d.record["original_timestamp_ms"]) for d in chosen), default=0)
@@ -290,6 +325,8 @@ def _send(
             "linger.ms": 5,
             "partitioner": "murmur2_random",  # the Java client's: same key, same partition
             "message.timeout.ms": 30000,
+            # An input re-read whole may be as large as the broker accepted it.
+            "message.max.bytes": BROKER_MAX_MESSAGE_BYTES,
         }
     )
     bucket = TokenBucket(options.rate, clock=clock, sleep=sleep) if options.rate > 0 else None
