@@ -29,6 +29,7 @@ from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
 from pipeline.dedupe import StoredResults
 from pipeline.errors import ConfigurationError
+from pipeline.faust_conf import consumer_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
@@ -65,10 +66,7 @@ def create_app(settings: Settings) -> faust.App:
         topic_replication_factor=s.topics.replication,
         producer_acks=-1,
         producer_linger=s.worker.producer_linger_ms / 1000,
-        consumer_auto_offset_reset="earliest",
-        # One batch must stay far below this; the model never runs on the loop.
-        broker_max_poll_interval=300.0,
-        stream_buffer_maxsize=s.batch.stream_buffer,
+        **consumer_conf(s),
     )
     lane_topics = {
         lane: app.topic(

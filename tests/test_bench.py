@@ -203,6 +203,41 @@ def test_targets_and_markdown_from_a_report() -> None:
     assert table.startswith("| mode | phase |") and "| adaptive | load-80 |" in table
 
 
+def test_targets_for_the_seed_case_burst_after_idle_and_the_faust_floor() -> None:
+    def phase(name: str, tput: float | None, p99: float, **extra: object) -> dict[str, object]:
+        lat = {k: {"p50": p99 / 2, "p95": p99, "p99": p99} for k in ("realtime", "all")}
+        return {"phase": name, "throughput": tput, "latency_ms": lat, "sent": 10, "answered": 10,
+                "expired": {"realtime": 0}, "unanswered": 0, **extra}  # fmt: skip
+
+    report = {
+        "config": {"workers": 2},
+        "modes": {
+            "adaptive": {"phases": [phase("burst", 100.0, 250.0, expired={"realtime": 3})]},
+            "noop": {
+                "phases": [
+                    phase("saturate", 8000.0, 900.0, workers=2),
+                    phase("after-idle", None, 40.0, idle_s=3.0, latencies_ms=[12.0, 40.0]),
+                ]
+            },
+            "faust-floor": {"phases": [phase("saturate", 10000.0, 0.0, workers=2)]},
+            "floor": {"phases": [phase("saturate", 20000.0, 0.0)]},
+        },
+    }
+    by_name = {t["target"]: t for t in targets(report)}
+    burst = by_name["adaptive, a burst of 10 at once into the idle worker: realtime p99"]
+    assert burst["value"] == 250.0 and burst["met"] is False
+    assert by_name["adaptive, the same burst of 10: realtime expirations"]["value"] == 3.0
+    idle = by_name["noop, a realtime request after idle (3 s silences): p99"]
+    assert idle["value"] == 40.0 and idle["met"] is True
+    assert by_name["noop events/s per worker"]["value"] == pytest.approx(4000.0)  # 2 workers
+    ratio = by_name["noop / bare Faust agent (faust-floor), same workers"]
+    assert ratio["value"] == pytest.approx(0.8) and ratio["met"] is True
+    assert by_name["noop / plain confluent-kafka loop (the long-term aim)"]["value"] == 0.4
+    table = markdown(report)
+    assert "| noop | after-idle |" in table and "| faust-floor | saturate |" in table
+    assert "creation → result, ms: 12, 40" in table and "2 worker processes" in table
+
+
 # -- the small additions: noop model, fixed policy --------------------------------
 
 
@@ -233,6 +268,10 @@ def test_help_lists_the_flags() -> None:
         "--out",
         "--device",
         "--bootstrap",
+        "--workers",
+        "--burst",
+        "--idle-requests",
+        "--idle-s",
     ):
         assert flag in result.output
     bad = CliRunner().invoke(main, ["bench", "--modes", "turbo"])
@@ -254,7 +293,7 @@ def test_quick_bench_answers_everything_and_writes_the_report(
             "bench",
             "--quick",
             "--modes",
-            "noop,adaptive",
+            "noop,adaptive,faust-floor",
             "--bootstrap",
             kafka_bootstrap,
             "--out",
@@ -265,18 +304,51 @@ def test_quick_bench_answers_everything_and_writes_the_report(
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     assert set(report) >= {"config", "machine", "modes", "targets", "elapsed_s"}
-    assert set(report["modes"]) == {"noop", "adaptive"}
+    assert set(report["modes"]) == {"noop", "adaptive", "faust-floor"}
     phases = {p["phase"] for p in report["modes"]["adaptive"]["phases"]}
-    assert phases == {"saturate", "load-80", "dup-0", "dup-50"}
+    assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst"}
+    assert [p["phase"] for p in report["modes"]["noop"]["phases"]] == ["saturate", "after-idle"]
+    idle = report["modes"]["noop"]["phases"][1]
+    assert idle["answered_by_lane"]["realtime"] == idle["sent"] == 3
+    assert len(idle["latencies_ms"]) == 3
+    floor = report["modes"]["faust-floor"]["phases"][0]
+    assert floor["answered"] == floor["sent"] == 400 and floor["throughput"] > 0
     for mode in report["modes"].values():
+        if mode["mode"] == "faust-floor":  # raw copies: no lanes, no latency
+            continue
         for p in mode["phases"]:
             assert p["unanswered"] == 0 and p["answered"] == p["sent"], (mode["mode"], p)
             assert {"throughput", "latency_ms", "served", "cpu_util", "peak_rss_bytes"} <= set(p)
             assert set(p["latency_ms"]) == {"realtime", "standard", "bulk", "all"}
     table = (out / "bench.md").read_text()
     assert "| noop | saturate |" in table and "| target | measured |" in table
+    assert "| adaptive | burst |" in table and "| noop | after-idle |" in table
     for png in ("latency_vs_load.png", "adaptive_timeline.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_workers_side_by_side_share_the_partitions_and_answer_everything(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """--workers 2: both workers of a mode join one group and hold partitions
+    (the bench waits for that before its clock starts), and every request is
+    answered by one of them."""
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--quick", "--modes", "noop,faust-floor", "--workers", "2",
+         "--idle-requests", "0", "--bootstrap", kafka_bootstrap, "--out", str(out)],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "bench.json").read_text())
+    assert report["config"]["workers"] == 2
+    for mode in ("noop", "faust-floor"):
+        (p,) = report["modes"][mode]["phases"]
+        assert p["workers"] == 2 and p["answered"] == p["sent"], (mode, p)
+    assert "2 worker processes side by side" in (out / "bench.md").read_text()
 
 
 @pytest.mark.kafka
@@ -286,7 +358,6 @@ def test_the_bench_producer_connects_before_its_clock_starts(kafka_bootstrap: st
     from pipeline.client import RequestProducer
     from pipeline.errors import BrokerUnavailable
     from pipeline.settings import Settings
-
     from pipeline.topics import create_topics
 
     live = Settings.from_env(

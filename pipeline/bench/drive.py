@@ -5,6 +5,8 @@ prefix on its own thread from the beginning (assigned partitions, no group
 rebalance), stamping each answer with its receipt time. :func:`send` plays a
 workload open-loop (or as fast as possible). :func:`floor_loop` is the
 reference: a plain confluent-kafka consume-and-produce loop in Python.
+:class:`FloorCounter` counts the faust-floor mode's answers (raw copies of
+the requests, so they carry no request id).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
@@ -25,7 +27,7 @@ from pipeline.errors import DecodeError
 from pipeline.security import client_config
 from pipeline.settings import LANES, Settings
 
-__all__ = ["Collector", "floor_loop", "send", "wall_ms"]
+__all__ = ["Collector", "FloorCounter", "floor_loop", "send", "wall_ms"]
 
 
 def wall_ms() -> float:
@@ -128,12 +130,55 @@ class Collector:
         )
 
 
+class _SendLog(Protocol):
+    sent: dict[str, tuple[str, float]]
+
+
+class FloorCounter:
+    """Counts records reaching the results topic, on its own thread; ``sent``
+    is there for :func:`pipeline.bench.drive.send`, which records each send."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.sent: dict[str, tuple[str, float]] = {}
+        self.count = 0
+        self.last_ms = 0.0
+        self._stop = threading.Event()
+        topics = settings.topics
+        self._consumer = Consumer(
+            {
+                **client_config(settings),
+                "group.id": f"pipeline-bench-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self._consumer.assign(
+            [TopicPartition(topics.results_topic, p, OFFSET_BEGINNING)
+             for p in range(topics.partitions)]
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="floor-counter", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msgs = self._consumer.consume(1000, 0.1)
+            got = sum(1 for m in msgs if m.error() is None)
+            if got:
+                self.count += got
+                self.last_ms = time.time() * 1000.0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
 def send(
     producer: RequestProducer,
     workload: Sequence[BenchRequest],
     *,
     prefix: str,
-    collector: Collector,
+    collector: _SendLog,
     progress: Callable[[int], None] | None = None,
 ) -> float:
     """Send ``workload`` at its offsets (open loop; all at once when they are 0).

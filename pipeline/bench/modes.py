@@ -22,19 +22,22 @@ windows of 256, batched at the best of a few sizes, no Kafka.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.bench.drive import Collector
-from pipeline.bench.stats import ProcProbe
-from pipeline.settings import ModelSettings, Settings
-from pipeline.supervise import WorkerProcess, free_port
+from pipeline.bench.stats import ProcProbe, Samples, scrape
+from pipeline.security import client_config
+from pipeline.settings import LANES, ModelSettings, Settings
+from pipeline.supervise import FAUST, WorkerProcess, free_port
 from pipeline.topics import create_topics
 
-__all__ = ["WORKER_MODES", "Deployment", "mode_env", "run_raw"]
+__all__ = ["WORKER_MODES", "Deployment", "mode_env", "run_raw", "start_worker"]
 
 WORKER_MODES = ("adaptive", "fixed", "sync", "noop")
 
@@ -68,44 +71,149 @@ def mode_env(mode: str, *, fixed_batch: int, fixed_wait_ms: int, max_length: int
 
 
 class Deployment:
-    """One mode's topics, worker process, answer collector and probes."""
+    """One mode's topics, ``workers`` worker processes, answer collector and probes.
 
-    def __init__(self, mode: str, *, bootstrap: str, out: Path, extra_env: dict[str, str]) -> None:
+    The workers share the topics and the app id (one consumer group, so Kafka
+    splits the partitions between them); each has its own web and metrics
+    ports and its own data folder, as on a host that runs several. ``app`` is
+    the Faust app they run (``pipeline.app``; the faust-floor mode runs its own).
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        bootstrap: str,
+        out: Path,
+        extra_env: dict[str, str],
+        workers: int = 1,
+        app: str = "pipeline.app",
+    ) -> None:
         tag = uuid.uuid4().hex[:8]
         self.mode = mode
-        self.metrics_port = free_port()
+        self.app = app
+        self.name = f"{mode}-{tag}"
         self.env = {
             "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
             "PIPELINE_TOPICS_PREFIX": f"bench-{mode}-{tag}.",
             "PIPELINE_WORKER_APP_ID": f"pipeline-bench-{mode}-{tag}",
-            "PIPELINE_WORKER_DATA_DIR": str(out / "work" / f"{mode}-{tag}"),
-            "PIPELINE_WORKER_WEB_PORT": str(free_port()),
-            "PIPELINE_METRICS_PORT": str(self.metrics_port),
             "PIPELINE_METRICS_SAMPLE_INTERVAL_S": "1",
             # A saturation phase dumps a backlog on purpose: load shedding would pause
             # bulk for its hold time (15 s) and measure that timer, not the pipeline.
             "PIPELINE_DEGRADE_ENABLED": "false",
             **extra_env,
         }
-        self.settings = Settings.from_env(self.env)
+        self.worker_envs = [
+            {
+                **self.env,
+                "PIPELINE_WORKER_DATA_DIR": str(out / "work" / f"{self.name}-{i}"),
+                "PIPELINE_WORKER_WEB_PORT": str(free_port()),
+                "PIPELINE_METRICS_PORT": str(free_port()),
+            }
+            for i in range(workers)
+        ]
+        self.metrics_ports = [int(e["PIPELINE_METRICS_PORT"]) for e in self.worker_envs]
+        self.settings = Settings.from_env(self.worker_envs[0])
         create_topics(self.settings)
-        self.log_path = out / "work" / f"{mode}-{tag}.log"
-        self.worker: WorkerProcess | None = None
+        self.log_path = out / "work" / f"{self.name}.log"
+        self.workers: list[WorkerProcess] = []
         self.collector: Collector | None = None
-        self.probe: ProcProbe | None = None
+        self.probes: list[ProcProbe] = []
         self.ready_s = 0.0
 
-    def start(self, timeout_s: float = 300.0) -> None:
-        self.collector = Collector(self.settings)
-        self.worker = WorkerProcess.start(self.env, self.log_path)
-        self.probe = ProcProbe(self.worker.pid)
-        self.ready_s = self.worker.wait_ready(timeout_s)
+    @property
+    def metrics_port(self) -> int:
+        """The first worker's metrics port."""
+        return self.metrics_ports[0]
+
+    def start(self, timeout_s: float = 300.0, *, collect: bool = True) -> None:
+        """Start every worker; return once each is ready and the group has settled
+        (every worker holds partitions), so no phase pays for a rebalance.
+        ``collect``: read the answers into :attr:`collector`."""
+        t0 = time.monotonic()
+        if collect:
+            self.collector = Collector(self.settings)
+        for i, env in enumerate(self.worker_envs):
+            log = self.log_path.with_name(f"{self.name}-{i}.log")
+            self.workers.append(start_worker(self.app, env, log))
+        self.probes = [ProcProbe(w.pid) for w in self.workers]
+        for w in self.workers:
+            w.wait_ready(max(timeout_s - (time.monotonic() - t0), 1.0))
+        if len(self.workers) > 1:
+            wait_group_settled(self.settings, len(self.workers), timeout_s=60.0)
+        self.ready_s = time.monotonic() - t0
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds of all the workers together."""
+        readings = [p.cpu_s() for p in self.probes]
+        return None if not readings or None in readings else sum(r or 0.0 for r in readings)
+
+    def peak_rss_bytes(self) -> int | None:
+        """The largest peak resident memory of one worker."""
+        peaks = [p for p in (probe.peak_rss_bytes() for probe in self.probes) if p]
+        return max(peaks) if peaks else None
+
+    def scrape(self) -> Samples | None:
+        """Every worker's /metrics, each sample labelled ``bench_worker``; ``None``
+        when one of them does not answer (totals would be short)."""
+        merged: Samples = {}
+        for i, port in enumerate(self.metrics_ports):
+            samples = scrape(port)
+            if samples is None:
+                return None
+            for (name, labels), value in samples.items():
+                merged[(name, labels | {("bench_worker", str(i))})] = value
+        return merged
 
     def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
+        for w in self.workers:
+            w.stop()
         if self.collector is not None:
             self.collector.close()
+
+
+def start_worker(app: str, env: Mapping[str, str], log_path: Path) -> WorkerProcess:
+    """``faust -A <app> worker`` with ``env``'s PIPELINE_* variables replacing ours."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    full_env.update(env)
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        proc = subprocess.Popen(
+            [FAUST, "-A", app, "worker", "-l", "info"],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return WorkerProcess(proc=proc, log_path=log_path, log_start=start)
+
+
+def wait_group_settled(settings: Settings, members: int, *, timeout_s: float) -> None:
+    """Wait until the workers' consumer group is stable with ``members`` members,
+    each assigned lane partitions. Raises TimeoutError otherwise."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(client_config(settings))
+    group = settings.worker.app_id
+    lanes = {settings.topics.lane_topic(lane) for lane in LANES}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(10)
+        except Exception:  # not there yet
+            desc = None
+        if desc is not None and desc.state == ConsumerGroupState.STABLE:
+            holding = [
+                m for m in desc.members
+                if any(tp.topic in lanes for tp in m.assignment.topic_partitions)
+            ]  # fmt: skip
+            if len(desc.members) == members and len(holding) == members:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"group {group} did not settle with {members} members in {timeout_s:.0f}s")
 
 
 def _length_sorted(texts: Sequence[str], count: Callable[[str], int], window: int) -> list[str]:

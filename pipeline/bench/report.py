@@ -96,10 +96,23 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                        "ms", at_most=True))  # fmt: skip
     dup = _ratio(_tput(report, "adaptive", "dup-50"), _tput(report, "adaptive", "dup-0"))
     out.append(_target("50 % duplicates / 0 % throughput", dup, 1.8, "x"))
-    noop = _tput(report, "noop")
-    out.append(_target("noop events/s per worker", noop, 5000.0, "/s"))
-    out.append(_target("noop / plain confluent-kafka loop", _ratio(noop, _tput(report, "floor")),
-                       1.0, "x"))  # fmt: skip
+    burst = _phase(report, "adaptive", "burst")
+    burst_n = "" if burst is None else f" of {burst['sent']}"
+    out.append(_target(f"adaptive, a burst{burst_n} at once into the idle worker: realtime p99",
+                       _lane(burst, "p99"), 200.0, "ms", at_most=True))  # fmt: skip
+    out.append(_target(f"adaptive, the same burst{burst_n}: realtime expirations",
+                       None if burst is None else float(burst["expired"]["realtime"]),
+                       0.0, "", at_most=True))  # fmt: skip
+    idle = _phase(report, "noop", "after-idle")
+    idle_s = "" if idle is None else f" ({idle['idle_s']:g} s silences)"
+    out.append(_target(f"noop, a realtime request after idle{idle_s}: p99", _lane(idle, "p99"),
+                       50.0, "ms", at_most=True))  # fmt: skip
+    noop, workers = _tput(report, "noop"), _workers(report, "noop")
+    out.append(_target("noop events/s per worker", _ratio(noop, workers), 5000.0, "/s"))
+    out.append(_target("noop / bare Faust agent (faust-floor), same workers",
+                       _ratio(noop, _tput(report, "faust-floor")), 0.8, "x"))  # fmt: skip
+    out.append(_target("noop / plain confluent-kafka loop (the long-term aim)",
+                       _ratio(noop, _tput(report, "floor")), 1.0, "x"))  # fmt: skip
     # The target is the default worker's (adaptive: its saturation phases are bursts
     # far past ten times its sustainable rate); the baselines' peaks are for reference.
     out.append(_target("worker peak RSS (adaptive: the defaults, bursts included)",
@@ -107,6 +120,16 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target("fixed worker peak RSS (for reference)", _peak_rss(report, "fixed"),
                        1.5, "GiB", at_most=True))  # fmt: skip
     return out
+
+
+def _lane(phase: dict[str, Any] | None, q: str, lane: str = "realtime") -> float | None:
+    return None if phase is None else phase["latency_ms"][lane][q]
+
+
+def _workers(report: dict[str, Any], mode: str) -> float | None:
+    """How many worker processes ``mode`` ran side by side (1 unless --workers)."""
+    p = _phase(report, mode, "saturate")
+    return None if p is None else float(p.get("workers") or 1)
 
 
 def _peak_rss(report: dict[str, Any], mode: str) -> float | None:
@@ -218,6 +241,15 @@ def markdown(report: dict[str, Any]) -> str:
         "| padding | tokenize | dedupe b/i/s | CPU (cores) | peak RSS MiB | GPU |"
     )
     lines = [head, "|" + "---|" * 18, *_rows(report), ""]
+    workers = (report.get("config") or {}).get("workers") or 1
+    if workers > 1:
+        lines += [f"Each worker mode ran {workers} worker processes side by side (one consumer "
+                  "group); throughput is theirs together.", ""]  # fmt: skip
+    idle = _phase(report, "noop", "after-idle")
+    if idle is not None and idle.get("latencies_ms"):
+        lines += [f"After idle (noop, {idle['idle_s']:g} s of silence before each request), "
+                  "creation → result, ms: " + ", ".join(f"{v:.0f}" for v in idle["latencies_ms"]),
+                  ""]  # fmt: skip
     path = _path_table(report)
     if path:
         lines += [*path, ""]

@@ -20,16 +20,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from pipeline.bench.drive import floor_loop, send, wall_ms
+from pipeline.bench.drive import floor_loop
 from pipeline.bench.modes import (
     WORKER_MODES,
     Deployment,
@@ -38,17 +34,17 @@ from pipeline.bench.modes import (
     model_settings_for,
     run_raw,
 )
-from pipeline.bench.stats import ProcProbe, batch_stats, metric_total, scrape, summarize
+from pipeline.bench.phases import Sampler, after_idle, faust_floor, run_phase, say
+from pipeline.bench.stats import ProcProbe
 from pipeline.bench.threads import ThreadSetting, raw_threads
 from pipeline.bench.workload import WorkloadSpec, generate
-from pipeline.client import RequestProducer
 from pipeline.security import security_env
-from pipeline.settings import LANES, Settings
+from pipeline.settings import Settings
 from pipeline.topics import create_topics
 
 __all__ = ["MODES", "BenchConfig", "run_bench"]
 
-MODES = ("raw", "adaptive", "fixed", "sync", "noop", "floor")
+MODES = ("raw", "adaptive", "fixed", "sync", "noop", "faust-floor", "floor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,118 +66,17 @@ class BenchConfig:
     raw_sizes: tuple[int, ...] = (1, 4, 8, 16, 32)  # 1: what sync's batches can do
     answer_timeout_s: float = 300.0
     threads: tuple[str, ...] = ()
+    workers: int = 1  # worker processes per mode, side by side (one consumer group)
+    burst_requests: int = 1000  # adaptive's burst phase; 0: none
+    idle_requests: int = 10  # noop's after-idle phase; 0: none
+    idle_s: float = 3.0  # the silence before a burst and before each after-idle request
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
         """A smoke run: a few seconds per mode."""
-        base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_sizes=(8,))
+        base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_sizes=(8,),
+                   burst_requests=60, idle_requests=3, idle_s=1.0)  # fmt: skip
         return dataclasses.replace(base, **changes)
-
-
-def _say(message: str) -> None:
-    tqdm.write(f"==> {message}", file=sys.stderr)
-
-
-class _Sampler:
-    """Scrapes a worker's /metrics every ``interval_s`` on a thread: budget and batches."""
-
-    def __init__(self, port: int, interval_s: float = 0.5) -> None:
-        self.port = port
-        self.interval_s = interval_s
-        self.phase = ""
-        self.rows: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            s = scrape(self.port)
-            if s is None:
-                continue
-            self.rows.append(
-                {
-                    "t_s": round(time.monotonic() - self._t0, 3),
-                    "phase": self.phase,
-                    "budget": metric_total(s, "pipeline_token_budget"),
-                    "batches": metric_total(s, "pipeline_batch_size_count"),
-                    "items": metric_total(s, "pipeline_batch_size_sum"),
-                    "busy": metric_total(s, "pipeline_engine_busy_ratio"),
-                }
-            )
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def _phase(
-    dep: Deployment,
-    name: str,
-    spec: WorkloadSpec,
-    *,
-    config: BenchConfig,
-    sampler: _Sampler | None = None,
-) -> dict[str, Any]:
-    """Send one workload to ``dep``'s worker and summarise what came back."""
-    assert dep.collector is not None and dep.probe is not None
-    workload = generate(spec)
-    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
-    if sampler is not None:
-        sampler.phase = name
-    before, cpu0, t0 = scrape(dep.metrics_port), dep.probe.cpu_s(), time.monotonic()
-    bar = tqdm(
-        total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
-    )
-    collector = dep.collector
-    with RequestProducer(dep.settings, source="pipeline bench") as producer:
-        # Before the clock starts: a cold producer holds its first requests while it
-        # connects (100-500 ms measured), which would be charged to the worker.
-        producer.connect()
-        started: list[float] = []
-
-        def play() -> None:
-            started.append(send(producer, workload, prefix=prefix, collector=collector))
-
-        sender = threading.Thread(target=play, name="bench-sender", daemon=True)
-        sender.start()
-        deadline = time.monotonic() + config.answer_timeout_s
-        deadline += spec.n / spec.rate if spec.rate else 0.0
-        done = 0
-        while time.monotonic() < deadline:
-            now = dep.collector.count(prefix)
-            bar.update(now - done)
-            done = now
-            if done >= len(workload) and not sender.is_alive():
-                break
-            time.sleep(0.1)
-        sender.join(60)
-    bar.close()
-    after, cpu1, wall = scrape(dep.metrics_port), dep.probe.cpu_s(), time.monotonic() - t0
-    settings = dep.settings.worker
-    summary = summarize(
-        dep.collector.of(prefix),
-        sent=len(workload),
-        started_ms=started[0] if started else wall_ms(),
-        deadlines_ms={lane: settings.lane_deadline_ms(lane) for lane in LANES},
-    )
-    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
-    summary |= {
-        "phase": name,
-        "offered_rate": spec.rate or None,
-        "dup_rate": spec.dup_rate,
-        **batch_stats(before, after),
-        "tokenize_share": None,
-        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
-        "peak_rss_bytes": dep.probe.peak_rss_bytes(),
-        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
-    }
-    _say(
-        f"{dep.mode}/{name}: {summary['answered']}/{summary['sent']} answered, "
-        f"{summary['throughput']:.1f}/s, realtime p99 {summary['latency_ms']['realtime']['p99']}"
-    )
-    return summary
 
 
 def _worker_mode(
@@ -199,17 +94,22 @@ def _worker_mode(
         extra["PIPELINE_MODEL_PATH"] = settings.model.path
     # The security variables go to the worker but not into the report (``extra``).
     env = {**extra, **security_env(settings)}
-    dep = Deployment(mode, bootstrap=bootstrap, out=config.out, extra_env=env)
-    _say(f"{mode}: starting a worker (topics {dep.settings.topics.prefix}*, log {dep.log_path})")
+    dep = Deployment(
+        mode, bootstrap=bootstrap, out=config.out, extra_env=env, workers=config.workers
+    )
+    say(
+        f"{mode}: starting {config.workers} worker(s) "
+        f"(topics {dep.settings.topics.prefix}*, logs {dep.log_path.parent}/{dep.name}-*.log)"
+    )
     phases: list[dict[str, Any]] = []
     sampler = None
     try:
         dep.start()
-        _say(f"{mode}: ready in {dep.ready_s:.1f} s")
-        sampler = _Sampler(dep.metrics_port) if mode == "adaptive" else None
+        say(f"{mode}: ready in {dep.ready_s:.1f} s")
+        sampler = Sampler(dep.metrics_port) if mode == "adaptive" else None
         n = config.noop_requests if mode == "noop" else config.requests
         spec = WorkloadSpec(n=n, seed=config.seed, dup_rate=config.dup_rate)
-        phases.append(_phase(dep, "saturate", spec, config=config, sampler=sampler))
+        phases.append(run_phase(dep, "saturate", spec, config=config, sampler=sampler))
         if mode in ("adaptive", "fixed"):
             base = base_rate or phases[0]["throughput"]
             for k, load in enumerate(config.loads, 1):
@@ -219,12 +119,21 @@ def _worker_mode(
                     n=n, seed=config.seed + k, rate=rate, dup_rate=config.dup_rate
                 )
                 name = f"load-{round(load * 100)}"
-                phases.append(_phase(dep, name, load_spec, config=config, sampler=sampler))
+                phases.append(run_phase(dep, name, load_spec, config=config, sampler=sampler))
         if mode == "adaptive":
             for k, dup in enumerate((0.0, 0.5), 10):
                 dup_spec = WorkloadSpec(n=config.requests, seed=config.seed + k, dup_rate=dup)
                 name = f"dup-{round(dup * 100)}"
-                phases.append(_phase(dep, name, dup_spec, config=config, sampler=sampler))
+                phases.append(run_phase(dep, name, dup_spec, config=config, sampler=sampler))
+            if config.burst_requests:
+                # The seed's case: a burst into a warm worker that has been idle.
+                time.sleep(config.idle_s)
+                burst = WorkloadSpec(
+                    n=config.burst_requests, seed=config.seed + 20, dup_rate=config.dup_rate
+                )
+                phases.append(run_phase(dep, "burst", burst, config=config, sampler=sampler))
+        if mode == "noop" and config.idle_requests:
+            phases.append(after_idle(dep, config=config, seed=config.seed + 30))
     finally:
         if sampler is not None:
             sampler.close()
@@ -248,7 +157,7 @@ def _floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str,
     settings = Settings.from_env(env)
     create_topics(settings)
     texts = [r.text for r in generate(WorkloadSpec(n=config.noop_requests, seed=config.seed))]
-    _say(f"floor: {len(texts)} events through a plain confluent-kafka consume/produce loop")
+    say(f"floor: {len(texts)} events through a plain confluent-kafka consume/produce loop")
     probe = ProcProbe(os.getpid())
     cpu0, t0 = probe.cpu_s(), time.monotonic()
     rate = floor_loop(settings, texts)
@@ -260,7 +169,7 @@ def _floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str,
         "throughput": rate,
         "cpu_util": (cpu1 - cpu0) / (time.monotonic() - t0) if cpu0 and cpu1 else None,
     }
-    _say(f"floor: {rate:.0f} events/s")
+    say(f"floor: {rate:.0f} events/s")
     return {"mode": "floor", "phases": [phase], "timeline": []}
 
 
@@ -276,14 +185,14 @@ def _thread_sweep(
     rows = []
     for spec in config.threads:
         setting = ThreadSetting(spec)
-        _say(f"threads {spec}: the model alone, batch {size}, serial and pipelined")
+        say(f"threads {spec}: the model alone, batch {size}, serial and pipelined")
         raw = raw_threads(setting, texts, size=size, env=model_env)
         env = {**model_env, **setting.env(), **security_env(settings)}
         dep = Deployment("adaptive", bootstrap=bootstrap, out=config.out, extra_env=env)
         workload = WorkloadSpec(n=config.requests, seed=config.seed, dup_rate=config.dup_rate)
         try:
             dep.start()
-            phase = _phase(dep, f"threads-{spec}", workload, config=config)
+            phase = run_phase(dep, f"threads-{spec}", workload, config=config)
         finally:
             dep.stop()
         rows.append(
@@ -314,16 +223,18 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
     for mode in (m for m in MODES if m in config.modes):
         if mode == "raw":
             texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
-            _say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
+            say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
             raw = run_raw(
                 model_settings_for(settings, config.device), texts, sizes=config.raw_sizes
             )
-            _say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
+            say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
             modes["raw"] = {"mode": "raw", "phases": [{"phase": "saturate", **raw}], "timeline": []}
         elif mode in WORKER_MODES:
             modes[mode] = _worker_mode(mode, config, bootstrap, base_rate, settings)
             if mode == "adaptive" and base_rate is None:
                 base_rate = modes[mode]["phases"][0]["throughput"]
+        elif mode == "faust-floor":
+            modes[mode] = faust_floor(config, bootstrap, settings)
         elif mode == "floor":
             modes["floor"] = _floor(config, bootstrap, settings)
     threads = []

@@ -58,6 +58,7 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     callback=_modes,
     help="Comma-separated: raw (model alone, no Kafka), adaptive (defaults), fixed (fixed "
     "batch and wait), sync (one request per model call), noop (pipeline with a no-op model), "
+    "faust-floor (a bare Faust agent: raw bytes in, one produce per event), "
     "floor (plain confluent-kafka consume/produce loop).",
 )
 @click.option("--quick", is_flag=True, help="Smoke run: small N, a few seconds per mode (CI).")
@@ -135,6 +136,35 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     "K tokenizer threads, H hand-over ms; <0: no overlap): per setting the model alone, "
     "serial and pipelined, and an adaptive worker's saturation phase.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Worker processes per mode, side by side in one consumer group (own ports and data "
+    "folders); noop and faust-floor report events/s of all of them together.",
+)
+@click.option(
+    "--burst",
+    "burst_requests",
+    type=click.IntRange(0),
+    default=None,
+    help="Requests of adaptive's burst phase, all at once into the idle worker [1000; quick "
+    "60; 0: no burst phase].",
+)
+@click.option(
+    "--idle-requests",
+    type=click.IntRange(0),
+    default=None,
+    help="Realtime requests of noop's after-idle phase, each after --idle-s of silence "
+    "[10; quick 3; 0: no after-idle phase].",
+)
+@click.option(
+    "--idle-s",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds of silence before the burst and before each after-idle request [3; quick 1].",
+)
 @keep_broker_option
 @click.pass_obj
 def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
@@ -154,6 +184,10 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     fixed_batch: int,
     fixed_wait_ms: int,
     threads: tuple[str, ...],
+    workers: int,
+    burst_requests: int | None,
+    idle_requests: int | None,
+    idle_s: float | None,
     keep_broker: bool,
 ) -> None:
     """Benchmark the pipeline against its baselines on a real broker and worker.
@@ -161,10 +195,12 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     Every mode gets the same seeded workload (mostly short texts with a long
     tail; 10 % realtime, 60 % standard, 30 % bulk; --dup-rate repeats of a
     Zipf-skewed hot set), through a real `faust -A pipeline.app worker`
-    process with its own topics. Phases: saturation (throughput), open-loop
-    load at --loads x the base rate (latency per lane, adaptive and fixed),
-    0 % vs 50 % duplicates (adaptive). Writes bench.json, bench.md (a table and
-    the targets) and PNG plots into --out.
+    process with its own topics (--workers of them side by side). Phases:
+    saturation (throughput), open-loop load at --loads x the base rate
+    (latency per lane, adaptive and fixed), 0 % vs 50 % duplicates and a burst
+    into the idle worker (adaptive), single realtime requests after silences
+    (noop's after-idle). Writes bench.json, bench.md (a table and the targets)
+    and PNG plots into --out.
 
     Without --bootstrap, the local broker is started (or reused) as by
     `pipeline kafka up`, and stopped afterwards if this command started it.
@@ -175,6 +211,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --out docs/bench                   # the full run, ~10 minutes on 2 cores
       pipeline bench --device cuda --modes raw,adaptive,sync --requests 5000
       pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
+      pipeline bench --modes noop,faust-floor,floor --workers 2  # two workers per host
     """
     from pipeline.bench import run_bench, write_report
 
@@ -189,6 +226,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         "fixed_batch": fixed_batch,
         "fixed_wait_ms": fixed_wait_ms,
         "threads": threads,
+        "workers": workers,
     }
     if requests is not None:
         changes["requests"] = requests
@@ -198,6 +236,13 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         changes["duration_s"] = duration
     if loads:
         changes["loads"] = loads
+    for name, value in (
+        ("burst_requests", burst_requests),
+        ("idle_requests", idle_requests),
+        ("idle_s", idle_s),
+    ):
+        if value is not None:
+            changes[name] = value
     if device == "cuda":
         changes["raw_sizes"] = (1, 16, 32, 64, 128, 256)
     config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]

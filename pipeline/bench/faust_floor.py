@@ -1,0 +1,89 @@
+"""The ``faust-floor`` mode: a bare Faust agent, Faust's own ceiling on this host.
+
+Run as ``faust -A pipeline.bench.faust_floor worker`` (the bench does, with the
+deployment's PIPELINE_* variables). One agent per lane topic takes raw bytes
+and hands each value unchanged to a confluent-kafka ``Producer`` for the
+results topic: one ``produce`` per event and nothing else (no decoding, no
+store, no scheduler, no acks beyond Faust's own). Whatever the pipeline's noop
+mode costs above this is the pipeline's; the rest is Faust's.
+
+The consumer side is configured as the pipeline's worker is
+(:func:`pipeline.faust_conf.consumer_conf`), so both pay the same fetch path.
+
+The bench's side (sending, counting what reaches the results topic) is
+:func:`pipeline.bench.phases.faust_floor`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+from confluent_kafka import Producer
+
+from pipeline.faust_conf import consumer_conf
+from pipeline.security import client_config, faust_credentials
+from pipeline.settings import LANES, Settings
+
+__all__ = ["create_floor_app"]
+
+log = logging.getLogger(__name__)
+
+
+def create_floor_app(settings: Settings) -> faust.App:
+    """The bare app: no table, no model, one raw agent per lane topic."""
+    s = settings
+    app = faust.App(
+        s.worker.app_id,
+        broker=";".join(f"kafka://{h.strip()}" for h in s.kafka.bootstrap_servers.split(",")),
+        broker_credentials=faust_credentials(s.kafka_security),
+        datadir=s.worker.data_dir,
+        web_host=s.worker.web_host,
+        web_bind=s.worker.web_host,
+        web_port=s.worker.web_port,
+        topic_partitions=s.topics.partitions,
+        topic_replication_factor=s.topics.replication,
+        **consumer_conf(s),
+    )
+    out = Producer({**client_config(s), "acks": "all", "linger.ms": 5})
+    results = s.topics.results_topic
+
+    def produce(value: bytes) -> None:
+        while True:
+            try:
+                out.produce(results, value=value)
+                break
+            except BufferError:
+                out.poll(0.05)
+        out.poll(0)
+
+    for lane in LANES:
+        topic = app.topic(
+            s.topics.lane_topic(lane),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=s.topics.partitions,
+        )
+
+        async def floor(stream: Any) -> None:
+            async for value in stream:
+                produce(value)
+
+        app.agent(topic, name=f"faust-floor.{lane}")(floor)
+
+    async def _ready() -> None:
+        log.info("pipeline ready: faust-floor, a bare agent per lane")
+
+    app.task(_ready)
+
+    return app
+
+
+def _app_from_env() -> faust.App:
+    return create_floor_app(Settings.from_env())
+
+
+app = _app_from_env()

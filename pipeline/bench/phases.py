@@ -1,0 +1,231 @@
+"""One phase against a running deployment: send a workload, wait for its answers, summarise.
+
+- :func:`run_phase`: a workload (saturation, open-loop load, a burst) sent by
+  one producer thread; answers counted as they come back;
+- :func:`after_idle`: single realtime requests, each after ``idle_s`` of
+  silence, each waited for before the next silence starts;
+- :func:`faust_floor`: the noop saturation workload through a bare Faust
+  agent (:mod:`.faust_floor`);
+- :class:`Sampler`: a worker's token budget and batches over time.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+from pipeline.bench.drive import FloorCounter, send, wall_ms
+from pipeline.bench.stats import batch_stats, metric_total, scrape, summarize
+from pipeline.bench.workload import BenchRequest, WorkloadSpec, generate
+from pipeline.client import RequestProducer
+from pipeline.security import security_env
+from pipeline.settings import LANES, Settings
+
+if TYPE_CHECKING:
+    from pipeline.bench.modes import Deployment
+    from pipeline.bench.run import BenchConfig
+
+__all__ = ["Sampler", "after_idle", "faust_floor", "run_phase", "say"]
+
+
+def say(message: str) -> None:
+    tqdm.write(f"==> {message}", file=sys.stderr)
+
+
+class Sampler:
+    """Scrapes a worker's /metrics every ``interval_s`` on a thread: budget and batches."""
+
+    def __init__(self, port: int, interval_s: float = 0.5) -> None:
+        self.port = port
+        self.interval_s = interval_s
+        self.phase = ""
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            s = scrape(self.port)
+            if s is None:
+                continue
+            self.rows.append(
+                {
+                    "t_s": round(time.monotonic() - self._t0, 3),
+                    "phase": self.phase,
+                    "budget": metric_total(s, "pipeline_token_budget"),
+                    "batches": metric_total(s, "pipeline_batch_size_count"),
+                    "items": metric_total(s, "pipeline_batch_size_sum"),
+                    "busy": metric_total(s, "pipeline_engine_busy_ratio"),
+                }
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _summary(
+    dep: Deployment, name: str, workload: list[BenchRequest], prefix: str, started_ms: float
+) -> dict[str, Any]:
+    assert dep.collector is not None
+    settings = dep.settings.worker
+    return summarize(
+        dep.collector.of(prefix),
+        sent=len(workload),
+        started_ms=started_ms,
+        deadlines_ms={lane: settings.lane_deadline_ms(lane) for lane in LANES},
+    ) | {"phase": name, "workers": len(dep.workers)}
+
+
+def run_phase(
+    dep: Deployment,
+    name: str,
+    spec: WorkloadSpec,
+    *,
+    config: BenchConfig,
+    sampler: Sampler | None = None,
+) -> dict[str, Any]:
+    """Send one workload to ``dep``'s workers and summarise what came back."""
+    assert dep.collector is not None
+    workload = generate(spec)
+    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
+    if sampler is not None:
+        sampler.phase = name
+    before, cpu0, t0 = dep.scrape(), dep.cpu_s(), time.monotonic()
+    bar = tqdm(
+        total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
+    )
+    collector = dep.collector
+    with RequestProducer(dep.settings, source="pipeline bench") as producer:
+        # Before the clock starts: a cold producer holds its first requests while it
+        # connects (100-500 ms measured), which would be charged to the worker.
+        producer.connect()
+        started: list[float] = []
+
+        def play() -> None:
+            started.append(send(producer, workload, prefix=prefix, collector=collector))
+
+        sender = threading.Thread(target=play, name="bench-sender", daemon=True)
+        sender.start()
+        deadline = time.monotonic() + config.answer_timeout_s
+        deadline += spec.n / spec.rate if spec.rate else 0.0
+        done = 0
+        while time.monotonic() < deadline:
+            now = collector.count(prefix)
+            bar.update(now - done)
+            done = now
+            if done >= len(workload) and not sender.is_alive():
+                break
+            time.sleep(0.1)
+        sender.join(60)
+    bar.close()
+    after, cpu1, wall = dep.scrape(), dep.cpu_s(), time.monotonic() - t0
+    summary = _summary(dep, name, workload, prefix, started[0] if started else wall_ms())
+    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
+    summary |= {
+        "offered_rate": spec.rate or None,
+        "dup_rate": spec.dup_rate,
+        **batch_stats(before, after),
+        "tokenize_share": None,
+        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+        "peak_rss_bytes": dep.peak_rss_bytes(),
+        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
+    }
+    say(
+        f"{dep.mode}/{name}: {summary['answered']}/{summary['sent']} answered, "
+        f"{summary['throughput']:.1f}/s, realtime p99 {summary['latency_ms']['realtime']['p99']}"
+        + (f", expired {sum(summary['expired'].values())}" if name == "burst" else "")
+    )
+    return summary
+
+
+def after_idle(dep: Deployment, *, config: BenchConfig, seed: int) -> dict[str, Any]:
+    """``config.idle_requests`` realtime requests, one at a time, each sent after
+    ``config.idle_s`` seconds in which nothing was sent and nothing was pending:
+    the latency of the first record after a silence."""
+    assert dep.collector is not None
+    collector = dep.collector
+    spec = WorkloadSpec(n=config.idle_requests, seed=seed, dup_rate=0.0, lane_mix=(1, 0, 0))
+    workload = generate(spec)
+    prefix = f"after-idle-{uuid.uuid4().hex[:6]}-"
+    started, cpu0, t0 = wall_ms(), dep.cpu_s(), time.monotonic()
+    with RequestProducer(dep.settings, source="pipeline bench") as producer:
+        producer.connect()
+        for req in workload:
+            time.sleep(config.idle_s)
+            send(producer, [req], prefix=prefix, collector=collector)
+            deadline = time.monotonic() + config.answer_timeout_s
+            while collector.count(prefix) <= req.index and time.monotonic() < deadline:
+                time.sleep(0.005)
+    cpu1, wall = dep.cpu_s(), time.monotonic() - t0
+    summary = _summary(dep, "after-idle", workload, prefix, started)
+    latencies = sorted(
+        a.received_ms - a.created_at_ms for a in collector.of(prefix) if a.kind == "result"
+    )
+    summary |= {
+        "throughput": None,  # one request at a time: latency is the measure
+        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+        "idle_s": config.idle_s,
+        "latencies_ms": [round(v, 1) for v in latencies],
+        "peak_rss_bytes": dep.peak_rss_bytes(),
+    }
+    say(
+        f"{dep.mode}/after-idle ({config.idle_s:g} s silences): "
+        f"{summary['answered']}/{summary['sent']} answered, realtime p50/p99 "
+        f"{summary['latency_ms']['realtime']['p50']}/{summary['latency_ms']['realtime']['p99']}"
+        f" ms, slowest {latencies[-3:]}"
+    )
+    return summary
+
+
+def faust_floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str, Any]:
+    """noop's saturation workload through ``config.workers`` bare Faust agents:
+    events/s from the first send to the last copy seen on the results topic."""
+    from pipeline.bench.modes import Deployment
+
+    dep = Deployment(
+        "faust-floor",
+        bootstrap=bootstrap,
+        out=config.out,
+        extra_env=security_env(settings),
+        workers=config.workers,
+        app="pipeline.bench.faust_floor",
+    )
+    workload = generate(WorkloadSpec(n=config.noop_requests, seed=config.seed,
+                                     dup_rate=config.dup_rate))  # fmt: skip
+    say(f"faust-floor: {len(workload)} events through {config.workers} bare Faust agent(s)")
+    counter = None
+    try:
+        dep.start(collect=False)
+        counter = FloorCounter(dep.settings)
+        with RequestProducer(dep.settings, source="pipeline bench") as producer:
+            producer.connect()
+            cpu0, t0 = dep.cpu_s(), time.monotonic()
+            started = send(producer, workload, prefix="faust-floor-", collector=counter)
+            while counter.count < len(workload) and time.monotonic() - t0 < config.answer_timeout_s:
+                time.sleep(0.05)
+            cpu1, wall = dep.cpu_s(), time.monotonic() - t0
+        answered = min(counter.count, len(workload))
+        phase = {
+            "phase": "saturate",
+            "workers": config.workers,
+            "sent": len(workload),
+            "answered": answered,
+            "unanswered": len(workload) - answered,
+            "throughput": answered / max((counter.last_ms - started) / 1000.0, 1e-3),
+            "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+            "peak_rss_bytes": dep.peak_rss_bytes(),
+        }
+    finally:
+        if counter is not None:
+            counter.close()
+        dep.stop()
+    say(f"faust-floor: {phase['throughput']:.0f} events/s")
+    return {"mode": "faust-floor", "ready_s": dep.ready_s, "phases": [phase], "timeline": []}
