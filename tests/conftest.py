@@ -53,6 +53,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _pipeline_app_stays_out() -> Iterator[None]:
+    """Importing ``pipeline.app`` patches Faust and sets the event loop policy for the
+    whole process: a test that needs it runs it in a subprocess."""
+    yield
+    assert "pipeline.app" not in sys.modules, (
+        "this test imported pipeline.app into the test process; run that part in a subprocess"
+    )
+
+
 @pytest.fixture(scope="session")
 def minilm() -> Model:
     """The bundled all-MiniLM-L6-v2, loaded once per pytest run."""
