@@ -242,6 +242,14 @@ class Answers:
             origin.offset,
             stage,
             type(error).__name__,
+            extra={
+                "stage": stage,
+                "error_class": type(error).__name__,
+                "topic": origin.topic,
+                "partition": origin.partition,
+                "offset": origin.offset,
+                "request_id": request_id,
+            },
         )
         await self._release(incoming)
 
