@@ -5,7 +5,9 @@
 - a JSON request written by ``kcat -P`` (the README's example) is answered
   exactly as its Avro twin; a JSON request that breaks the schema is a dead
   letter naming the field;
-- ``pipeline answers`` prints one line per answer, by id, all, or following.
+- ``pipeline answers`` prints one line per answer, by id, all, or following;
+- the worker's dead-letter log line (JSON) carries stage, error class, topic,
+  partition, offset and request id as fields.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def test_python_json_and_the_answers_command(kafka_bootstrap: str, tmp_path: Pat
     dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=1)
     env = dep.env
     runner = CliRunner()
-    with dep.worker():
+    with dep.worker(PIPELINE_LOG_FORMAT="json") as worker:
         # Someone else's answers are already on the topics.
         with RequestProducer(dep.settings) as other:
             earlier = [other.send(f"earlier text {i}", request_id=f"old-{i}") for i in range(3)]
@@ -88,6 +90,16 @@ def test_python_json_and_the_answers_command(kafka_bootstrap: str, tmp_path: Pat
         assert bad["kind"] == "dead_letter" and bad["stage"] == "validate"
         assert bad["error_message"] == "field 'deadline_ms': expected null or long, got a string"
 
+        # The worker's dead-letter log line carries its facts as fields.
+        logged = [json.loads(ln) for ln in worker.log().splitlines() if ln.startswith("{")]
+        [letter] = [r for r in logged if r.get("request_id") == "json-bad"]
+        assert letter["stage"] == "validate" and letter["error_class"] == "ValidationError"
+        assert letter["topic"] == dep.settings.topics.lane_topic("standard")
+        assert (letter["partition"], letter["offset"]) == (
+            bad["original_partition"],
+            bad["original_offset"],
+        )
+
         # Everything so far, as a table, and it exits at the end of the topics.
         table = runner.invoke(main, ["answers"], env=env)
         assert table.exit_code == 0, table.output
@@ -98,23 +110,28 @@ def test_python_json_and_the_answers_command(kafka_bootstrap: str, tmp_path: Pat
         assert "validate: ValidationError: field 'request_id': expected a string" in numbered
         assert any(ln.startswith(f"{rid} ") and " realtime " in ln for ln in lines)
 
-        # --follow prints what comes next, and only that.
-        follow = subprocess.Popen(
-            [sys.executable, "-c", "from pipeline.cli import main; main()", "answers",
-             "--follow", "--format", "json"],
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        try:
-            assert follow.stderr is not None
-            assert follow.stderr.readline().startswith("following the answers")
-            with RequestProducer(settings) as late:
-                late_id = late.send("a later question", lane="bulk")
-            assert follow.stdout is not None
-            first = json.loads(follow.stdout.readline())
-            assert first["request_id"] == late_id
-        finally:
-            follow.terminate()
-            follow.communicate(timeout=30)  # and closes its pipes
+        _follow_prints_what_comes_next(dep)
+
+
+def _follow_prints_what_comes_next(dep: Deployment) -> None:
+    """``pipeline answers --follow`` prints what comes next, and only that."""
+    settings, env = dep.settings, dep.env
+    follow = subprocess.Popen(
+        [sys.executable, "-c", "from pipeline.cli import main; main()", "answers",
+         "--follow", "--format", "json"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert follow.stderr is not None
+        assert follow.stderr.readline().startswith("following the answers")
+        with RequestProducer(settings) as late:
+            late_id = late.send("a later question", lane="bulk")
+        assert follow.stdout is not None
+        first = json.loads(follow.stdout.readline())
+        assert first["request_id"] == late_id
+    finally:
+        follow.terminate()
+        follow.communicate(timeout=30)  # and closes its pipes
