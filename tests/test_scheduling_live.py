@@ -32,7 +32,7 @@ def test_realtime_sent_after_queued_bulk_is_answered_first(
         for i in range(400):
             producer.send(f"bulk document {i}: {filler}", lane="bulk", request_id=f"bulk-{i}")
         producer.flush()
-        time.sleep(0.5)  # the bulk backlog is queued and being worked through
+        dep.answers(expect=1)  # the worker is working through the bulk backlog
         realtime_sent_ms = time.time() * 1000
         for i in range(5):
             producer.send(f"urgent question number {i}", lane="realtime", request_id=f"rt-{i}")
@@ -75,32 +75,45 @@ def test_overload_sheds_in_order_and_recovers(kafka_bootstrap: str, tmp_path: Pa
         PIPELINE_DEGRADE_MIN_SAMPLES="4",
         PIPELINE_DEGRADE_WINDOW_MS="3000",
         PIPELINE_DEGRADE_COOLDOWN_MS="400",
-        PIPELINE_DEGRADE_HOLD_MS="1500",
+        PIPELINE_DEGRADE_HOLD_MS="5000",
     )
     with dep.worker() as worker, RequestProducer(dep.settings) as producer:
-        # Realtime requests that cannot make their deadline: each one is a miss.
+        # Realtime requests that cannot make their deadline, each one a miss, until
+        # the shedder is at its top level (hold_ms is far longer than a round, so
+        # it cannot step down meanwhile).
         sent = 0
-        for _round in range(12):
+        deadline = time.monotonic() + 120
+        while _levels(worker.log())[-1:] != [3]:
+            assert time.monotonic() < deadline, _shed_lines(worker.log())
             for _ in range(6):
                 producer.send("too late already", lane="realtime",
                               deadline_ms=int(time.time() * 1000) - 1)
                 sent += 1
             producer.flush()
-            time.sleep(0.3)
+            time.sleep(0.3)  # the rate of misses, not a synchronisation
         answers = dep.answers(expect=sent, timeout_s=120)
         # then a quiet, healthy period: the shedder steps back down on its own
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "-> 0" not in _shed_lines(worker.log())[-1:][0]:
+        deadline = time.monotonic() + 120
+        while _levels(worker.log())[-1:] != [0]:
+            assert time.monotonic() < deadline, _shed_lines(worker.log())
             time.sleep(0.5)
         lines = _shed_lines(worker.log())
     assert all(a.record["stage"] == "expired" for a in answers)
-    levels = [int(m) for line in lines for m in re.findall(r"-> (\d)", line)]
-    assert levels[:3] == [1, 2, 3], lines
-    assert levels[3:] == [2, 1, 0], lines
+    assert _levels("\n".join(lines)) == [1, 2, 3, 2, 1, 0], lines
 
 
 def _shed_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if "load shedding " in line] or [""]
+    return [line for line in log.splitlines() if "load shedding " in line]
+
+
+def _levels(log: str) -> list[int]:
+    """The shedding levels the worker moved to, in order."""
+    return [int(m) for line in _shed_lines(log) for m in re.findall(r"-> (\d)", line)]
+
+
+#: Long enough that the request sent once the breaker opened reaches it open
+#: on a loaded machine.
+OPEN_MS = 8000
 
 
 def test_failing_model_opens_the_breaker_and_it_closes_after_healing(
@@ -110,19 +123,25 @@ def test_failing_model_opens_the_breaker_and_it_closes_after_healing(
         kafka_bootstrap, tmp_path, partitions=1,
         PIPELINE_MODEL_FAIL_ON="poison",
         PIPELINE_BREAKER_FAILURES_TO_OPEN="3",
-        PIPELINE_BREAKER_OPEN_MS="3000",
+        PIPELINE_BREAKER_OPEN_MS=str(OPEN_MS),
         PIPELINE_RETRY_MAX_ATTEMPTS="1",
     )
     with dep.worker() as worker, RequestProducer(dep.settings) as producer:
         for i in range(3):  # three batches in which every input fails
             producer.send(f"poison pill {i}", lane="standard", request_id=f"poison-{i}")
             producer.flush()
-            time.sleep(0.5)
-        time.sleep(0.5)
+            dep.answers(expect=i + 1)  # answered: the next pill is another batch
+        deadline = time.monotonic() + 60
+        while "model circuit closed -> open" not in worker.log():
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.1)
+        opened = time.monotonic()
         producer.send("a healthy text while the breaker is open", lane="standard",
                       request_id="while-open")
         producer.flush()
-        time.sleep(4.0)  # past open_ms: the next batch is the half-open probe
+        dep.answers(expect=4)
+        # The breaker's timer: past open_ms, the next batch is the half-open probe.
+        time.sleep(max(0.0, opened + OPEN_MS / 1000 + 1.0 - time.monotonic()))
         producer.send("a healthy text after the model healed", lane="standard",
                       request_id="after")
         producer.flush()
