@@ -6,7 +6,7 @@ Promises:
   ``worker.producer_linger_ms``, with the security options of every other
   client (:func:`pipeline.security.client_config`), an explicit largest record
   (:data:`MAX_MESSAGE_BYTES`, below the broker's default limit) and an
-  explicit delivery bound (:data:`DELIVERY_TIMEOUT_MS`).
+  explicit delivery bound (``worker.answer_timeout_ms``).
 - :meth:`AnswerProducer.send` returns a future that resolves on the event loop
   once the broker has acknowledged the record, or fails with
   :class:`~pipeline.errors.PublishRejected` when the record was surely not
@@ -37,7 +37,6 @@ from pipeline.settings import Settings
 
 __all__ = [
     "BROKER_MAX_MESSAGE_BYTES",
-    "DELIVERY_TIMEOUT_MS",
     "MAX_MESSAGE_BYTES",
     "AnswerProducer",
     "classify",
@@ -53,11 +52,6 @@ BROKER_MAX_MESSAGE_BYTES = 1_048_588
 #: It stays below :data:`BROKER_MAX_MESSAGE_BYTES`, and a dead letter is built to stay
 #: far below it (see ``pipeline.publish``).
 MAX_MESSAGE_BYTES = 1_000_000
-
-#: How long librdkafka may try to deliver one record (``message.timeout.ms``),
-#: retries included: a broker restart shorter than this goes unnoticed; past it
-#: the record's fate is unknown and the worker stops (its input is redelivered).
-DELIVERY_TIMEOUT_MS = 120_000
 
 #: Errors after which the record was surely not written: the input may be dead-lettered.
 _DEFINITE = frozenset(
@@ -113,7 +107,9 @@ class AnswerProducer:
             "acks": "all",
             "linger.ms": settings.worker.producer_linger_ms,
             "message.max.bytes": MAX_MESSAGE_BYTES,
-            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            # Retries included: a broker restart shorter than this goes unnoticed; past
+            # it the record's fate is unknown and the worker stops (input redelivered).
+            "message.timeout.ms": settings.worker.answer_timeout_ms,
             # The Java client's partitioner: a result lands where Java clients expect.
             "partitioner": "murmur2_random",
             **(extra or {}),

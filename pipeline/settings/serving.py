@@ -148,6 +148,12 @@ class WorkerSettings:
     producer_linger_ms: int = _field(
         5, "results and dead letters wait up to this long to share one produce request"
     )
+    answer_timeout_ms: int = _field(
+        120_000,
+        "how long a result or dead letter may take to be acknowledged, retries included "
+        "(librdkafka's message.timeout.ms); past it its fate is unknown and the worker "
+        "stops, the input uncommitted",
+    )
     event_loop: str = _field(
         "uvloop",
         "the worker's asyncio event loop: uvloop (a quarter less CPU per event) or asyncio",
@@ -158,6 +164,8 @@ class WorkerSettings:
             raise ConfigurationError(
                 f"PIPELINE_WORKER_EVENT_LOOP={self.event_loop!r}: expected uvloop or asyncio"
             )
+        if self.answer_timeout_ms < 1000:
+            raise ConfigurationError("PIPELINE_WORKER_ANSWER_TIMEOUT_MS must be at least 1000")
 
     def lane_deadline_ms(self, lane: str) -> int:
         return int(getattr(self, f"lane_deadline_ms_{lane}"))
