@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from hypothesis import settings as hypothesis_settings
 from support import on_ci, require
 
@@ -66,10 +66,12 @@ def _pipeline_app_stays_out() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def minilm() -> Model:
     """The bundled all-MiniLM-L6-v2, loaded once per pytest run."""
-    from pipeline.inference import load_model
+    from pipeline.inference import Model, load_model
     from pipeline.settings import ModelSettings
 
-    return load_model(ModelSettings())
+    model = load_model(ModelSettings())
+    assert isinstance(model, Model)
+    return model
 
 
 def free_ports(count: int) -> list[int]:

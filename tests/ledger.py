@@ -186,9 +186,11 @@ def _read(
         for msg in consumer.consume(500, timeout=0.5):
             if msg.error() is not None:
                 continue
-            tp = (msg.topic(), msg.partition())
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            assert topic is not None and partition is not None and offset is not None
+            tp = (topic, partition)
             out.append(msg)
-            positions[tp] = msg.offset() + 1
+            positions[tp] = offset + 1
             if positions[tp] >= ends[tp]:
                 todo.discard(tp)
     consumer.unassign()

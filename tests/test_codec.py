@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import fastavro
 import fastavro.schema
@@ -57,7 +58,7 @@ def test_wire_layout_is_single_object_encoding() -> None:
 
 def test_round_trip_each_record_type() -> None:
     assert request_codec().decode(request_codec().encode(REQUEST)) == REQUEST
-    result = {
+    result: dict[str, Any] = {
         "request_id": "r", "content_hash": "ab", "model_name": "m", "model_version": "1",
         "task": "embed", "priority": "bulk", "embedding": [0.5, -0.25], "label": None,
         "score": None, "served": "computed", "created_at_ms": 1, "completed_at_ms": 2,

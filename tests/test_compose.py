@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _compose() -> dict[str, Any]:
     data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert isinstance(data, dict)
-    return data["services"]
+    services: dict[str, Any] = data["services"]
+    return services
 
 
 def test_kafka_image_matches_the_local_broker_version() -> None:

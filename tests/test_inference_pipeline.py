@@ -23,6 +23,7 @@ from pipeline.inference import (
     BatchOutcome,
     Encoded,
     InferenceEngine,
+    Model,
     Outcome,
     Prediction,
     load_model,
@@ -87,8 +88,8 @@ def engine_of() -> Iterator[list[InferenceEngine]]:
         assert engine.stop(timeout=10)
 
 
-def _started(engines: list[InferenceEngine], fake: StagedFake, **kw: float) -> InferenceEngine:
-    engine = InferenceEngine(fake, **kw)  # type: ignore[arg-type]
+def _started(engines: list[InferenceEngine], fake: StagedFake, **kw: Any) -> InferenceEngine:
+    engine = InferenceEngine(fake, **kw)
     engine.start()
     engines.append(engine)
     return engine
@@ -237,7 +238,7 @@ def test_pad_to_never_truncates_and_stops_at_max_length(tiny_dir: Path) -> None:
 
 def test_auto_padding_is_longest_on_a_cpu(tiny_dir: Path) -> None:
     model = load_model(ModelSettings(path=str(tiny_dir)))
-    assert model.padding == "longest"
+    assert isinstance(model, Model) and model.padding == "longest"
     assert model.tokenize(["good"], pad_to=32).tensors["input_ids"].shape == (1, 3)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from pipeline.cli import main
 from pipeline.errors import ConfigurationError
@@ -41,7 +41,9 @@ def _consume(
             if msg is None:
                 continue
             assert msg.error() is None, msg.error()
-            got.append((msg.key(), msg.value()))
+            key, value = msg.key(), msg.value()
+            assert key is not None and value is not None
+            got.append((key, value))
     finally:
         consumer.close()
     return got

@@ -241,10 +241,10 @@ def _produce_dead_letters(
             "request_id": rid,
             "worker": "test",
         }
-        producer.produce(
-            settings.topics.dlq_topic, key=record["key"], value=dead_letter_codec().encode(record)
-        )
-        originals[record["key"]] = value
+        key = f"key-{i}".encode()
+        value_bytes = dead_letter_codec().encode(record)
+        producer.produce(settings.topics.dlq_topic, key=key, value=value_bytes)
+        originals[key] = value
     assert producer.flush(30) == 0
     return originals
 

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ def settings(**overrides: object) -> SchedulerSettings:
     return dataclasses.replace(SchedulerSettings(), **overrides)  # type: ignore[arg-type]
 
 
-def scheduler(expire: frozenset[str] = REALTIME, **overrides: object) -> Scheduler[int]:
+def scheduler(expire: frozenset[str] = REALTIME, **overrides: Any) -> Scheduler[int]:
     s = settings(**overrides)
     return Scheduler(s, expire_lanes=expire, controller=Controller(s, slo_ms=SLO_MS))
 
@@ -94,7 +95,7 @@ def lanes_of(plan: Plan[int]) -> list[str]:
 #: The prior latency model (12 ms + 0.2 ms/token) predicts a full 512-token batch at
 #: 114 ms, past the 100 ms latency threshold that caps every batch: tests about
 #: shares and triggers raise the threshold so that the budget alone sizes batches.
-UNCAPPED = {"latency_threshold": 1.0}
+UNCAPPED: dict[str, Any] = {"latency_threshold": 1.0}
 
 
 def test_realtime_keeps_its_reserved_share_against_aged_bulk() -> None:

@@ -379,7 +379,7 @@ def test_worker_answers_over_sasl_ssl(
 @pytest.mark.slow
 def test_worker_with_wrong_password_exits(secure_broker: LocalKafka, tmp_path: Path) -> None:
     env = sasl_env(secure_broker)
-    dep = Deployment.create(env.pop("PIPELINE_KAFKA_BOOTSTRAP_SERVERS"), tmp_path, **env)
+    dep = Deployment.create(env.pop("PIPELINE_KAFKA_BOOTSTRAP_SERVERS"), tmp_path, 3, **env)
     proc = dep.spawn(PIPELINE_KAFKA_SECURITY_PASSWORD="wrong", PIPELINE_MODEL_TASK="noop")
     try:
         with pytest.raises(RuntimeError, match="worker exited with 1"):
