@@ -3,7 +3,10 @@
 - :mod:`.workload`: the seeded, pure workload generator (lengths, lanes, Zipf duplicates, rate)
 - :mod:`.stats`: percentiles, phase summaries, /proc and /metrics probes
 - :mod:`.drive`: sending, collecting answers, the plain confluent-kafka floor loop
-- :mod:`.modes`: sync, fixed, adaptive and noop workers; raw (the model alone)
+- :mod:`.modes`: sync, fixed, adaptive and noop workers (``--workers`` of each); raw
+  (the model alone)
+- :mod:`.faust_floor`: the bare Faust agent of the faust-floor mode
+- :mod:`.phases`: one phase against running workers (a workload, after-idle, faust-floor)
 - :mod:`.run`: phases and modes in order
 - :mod:`.report`: targets, Markdown, JSON, plots
 """

@@ -7,10 +7,15 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
   adaptive's saturated throughput) for ``duration_s``; latency under load
   (adaptive and fixed);
 - ``dup-0`` / ``dup-50``: saturation at 0 % and 50 % duplicates (adaptive);
-- noop and the floor: ``noop_requests`` events at saturation.
+- ``burst``: ``burst_requests`` at once into the adaptive worker after
+  ``idle_s`` of silence (the seed's case);
+- noop, faust-floor and the floor: ``noop_requests`` events at saturation;
+- ``after-idle`` (noop): ``idle_requests`` single realtime requests, each
+  after ``idle_s`` of silence.
 
-Modes run in the order raw, adaptive, fixed, sync, noop, floor, one worker
-process at a time, each stopped before the next starts. Then, when ``threads``
+Modes run in the order raw, adaptive, fixed, sync, noop, faust-floor, floor,
+``workers`` worker processes of one mode at a time, each mode stopped before
+the next starts. Then, when ``threads``
 lists settings, the thread-budget sweep (:mod:`.threads`): per setting the
 model alone (serial and pipelined) and an adaptive worker's saturation phase.
 """
