@@ -54,8 +54,9 @@ def main(ctx: click.Context) -> None:
 def settings_cmd(markdown: bool) -> None:
     """List every PIPELINE_* variable with the value in effect and its meaning.
 
-    A variable set in the environment is marked "(set)"; one that is not a
-    setting is reported with the closest name, and the exit status is 1.
+    A variable set in the environment gets an "in effect:" line with its value
+    (secrets as '***'); one that is not a setting is reported with the closest
+    name, and the exit status is 1.
     """
     import os
 
