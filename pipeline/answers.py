@@ -61,6 +61,9 @@ class Work:
     model: tuple[str, str] | None = None
     #: False when its text was cut by load shedding: such a result is not stored.
     storable: bool = True
+    #: True once its stored result proved unusable (undecodable, another model
+    #: version): it is computed, and the store is not asked again.
+    stored_unusable: bool = False
 
 
 class Answers:
@@ -163,9 +166,9 @@ class Answers:
         if work is leader:
             try:
                 if self.stored is not None and leader.storable and leader.model is None:
-                    stored, content_hash = self.stored, work.request.content_hash
+                    stored, dedupe_key = self.stored, work.request.dedupe_key
                     self._store_in_context(
-                        work.incoming.token, lambda: stored.put(content_hash, value)
+                        work.incoming.token, lambda: stored.put(dedupe_key, value)
                     )
             except Exception as exc:
                 # The result is out, but the store is broken (a full disk, say): stop the
@@ -194,6 +197,7 @@ class Answers:
         record = {
             **record,
             "request_id": request.request_id,
+            "content_hash": request.content_hash,  # the stored text may differ (e.g. case)
             "priority": request.lane,
             "served": "stored",
             "created_at_ms": request.created_at_ms,

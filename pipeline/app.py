@@ -27,7 +27,7 @@ from pipeline import faust_edge
 from pipeline.answer_producer import AnswerProducer
 from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
-from pipeline.dedupe import StoredResults
+from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
 from pipeline.faust_conf import consumer_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
@@ -80,11 +80,13 @@ def create_app(settings: Settings) -> faust.App:
         for lane in LANES
     }
     table = app.Table(
-        "dedupe",
+        TABLE_NAME,
         key_type=bytes,  # bytes types make Faust use the raw serializer
         value_type=bytes,
         partitions=s.topics.partitions,
         options={"ttl": s.dedupe.ttl_s},
+        # compact,delete: entries past the TTL are never served, so they leave the changelog.
+        extra_topic_configs=changelog_config(s.dedupe.ttl_s),
     )
     holder = _RuntimeHolder(app, s, table)
     app.rebalance_hooks.append(holder.on_rebalance_start)
@@ -200,6 +202,7 @@ class _RuntimeHolder(Service):
             forget=lambda tokens: faust_edge.forget(
                 self.app.consumer, [event.message for _stream, event in tokens]
             ),
+            keys=model.keys,
         )
         await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
         # A full collection walks every tracked object: with torch, transformers and Faust

@@ -78,7 +78,7 @@ class Compute:
         self._spawn = spawn
         self._serve_stored = serve_stored
         self.flight: SingleFlight[Work] = SingleFlight()
-        # Computed results not yet durably stored: hash -> (prediction, leader).
+        # Computed results not yet durably stored: dedupe key -> (prediction, leader).
         self._settled: dict[str, tuple[Prediction, Work]] = {}
 
     async def run_batch(
@@ -104,11 +104,11 @@ class Compute:
             self.metrics.wait(req.lane, work.queue_ms / 1000)
             if self._answer_known(work):
                 continue
-            if self.flight.join(req.content_hash, work):
+            if self.flight.join(req.dedupe_key, work):
                 leaders.append(work)
-                in_this_batch.add(req.content_hash)
+                in_this_batch.add(req.dedupe_key)
             else:
-                work.served = "batch" if req.content_hash in in_this_batch else "inflight"
+                work.served = "batch" if req.dedupe_key in in_this_batch else "inflight"
         if leaders:
             return await self._compute(leaders, shape=shape)
         return None
@@ -120,14 +120,15 @@ class Compute:
         its twin was being computed; a result stays in ``_settled`` until it is
         durably stored, so between the two there is no gap.
         """
-        h = work.request.content_hash
+        h = work.request.dedupe_key
         settled = self._settled.get(h)
         if settled is not None:
             prediction, leader = settled
             work.served = "inflight"
             self._spawn(self._answer(work, leader, prediction))
             return True
-        stored = self.stored.get(h) if self.stored else None
+        unusable = work.stored_unusable  # found unusable before: asking again would loop
+        stored = self.stored.get(h) if self.stored and not unusable else None
         if stored is not None:
             self._spawn(self._serve_stored(work, stored))
             return True
@@ -184,8 +185,8 @@ class Compute:
     def _complete(
         self, leader: Work, prediction: Prediction | None, error: BaseException | None
     ) -> None:
-        """Answer every requester of the leader's hash; the leader also stores the result."""
-        h = leader.request.content_hash
+        """Answer every requester of the leader's key; the leader also stores the result."""
+        h = leader.request.dedupe_key
         waiters = self.flight.finish(h)
         if prediction is not None:
             self._settled[h] = (prediction, leader)
@@ -198,7 +199,7 @@ class Compute:
                 self._spawn(self._answer(work, leader, prediction))
 
     async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
-        h = leader.request.content_hash
+        h = leader.request.dedupe_key
         await self.answers.result(
             work, prediction, leader=leader, on_stored=lambda: self._settled.pop(h, None)
         )

@@ -5,8 +5,14 @@ Three levels, cheapest first:
 1. ``batch``: the same hash twice in one batch is computed once;
 2. ``inflight``: a hash whose computation is already running gets its answer
    from that computation (:class:`SingleFlight`);
-3. ``stored``: a hash answered before, within the TTL and for the same model
-   version, is served from the RocksDB table (:class:`StoredResults`).
+3. ``stored``: a key answered before, within the TTL, is served from the
+   RocksDB table (:class:`StoredResults`).
+
+Two hashes. :func:`content_hash` is the request's Kafka key (producers compute
+it, for partitioning only). The worker dedupes on a stricter key,
+:class:`InputKeys`: two texts share one only when the model is given the same
+input, computed by the same model files and settings (the fingerprint,
+:mod:`pipeline.inference.fingerprint`); the README's "Keys" gives the rule.
 
 A stored entry is written only after its result was acknowledged by the broker.
 """
@@ -15,14 +21,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import re
 import struct
 import unicodedata
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["SingleFlight", "StoredEntry", "StoredResults", "content_hash", "normalise"]
+__all__ = [
+    "InputKeys",
+    "SingleFlight",
+    "StoredEntry",
+    "StoredResults",
+    "changelog_config",
+    "changelog_topic",
+    "content_hash",
+    "normalise",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +62,170 @@ def content_hash(text: str, model_id: str) -> str:
     h.update(b"\x00")
     h.update(normalise(text).encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+#: Unicode White_Space (Rust's ``char::is_whitespace``): what the pre-tokenizers in
+#: ``_SPLITTING`` split on and drop. Not Python's ``\s``, which also matches U+001C..U+001F.
+_WHITE_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + "\u2028\u2029\u202f\u205f\u3000"
+)
+_WHITE_RUN = re.compile("[" + re.escape(_WHITE_SPACE) + "]+")
+#: Pre-tokenizers that split a text on whitespace and drop it, so a run of it reads as one.
+_SPLITTING = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+#: Normalisers that map each ASCII character on its own, whatever surrounds it.
+_CHARWISE = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"})
+#: Bump when the rule below changes: keys of two rules are never compared.
+KEY_RULE = "1"
+
+
+class InputKeys:
+    """Dedupe keys: equal for two texts only when the model is given the same input.
+
+    ``keys(text)`` is a hex BLAKE2b-128 of the ``fingerprint`` (the model's files and
+    everything else that changes its answer) and one of two forms of the text:
+
+    - the tokenizer's own normal form: its normaliser's output
+      (``backend_tokenizer.normalizer.normalize_str``), with runs of whitespace read as
+      one space when its pre-tokenizer splits on whitespace and drops it (checked here
+      on every whitespace character). The tokenizer turns equal normal forms into equal
+      token ids, so they get one key;
+    - the exact text, when that cannot be promised: no fast tokenizer (``tokenizer``
+      None), a text holding an added token's content (``[MASK]``, matched before
+      normalisation), or a text the normaliser rejects.
+
+    The normaliser is a copy of the tokenizer's, so calls never contend with the
+    engine's tokenizer thread. About one normaliser call and one hash per text.
+    """
+
+    def __init__(self, fingerprint: str, tokenizer: Any | None = None) -> None:
+        self._normalize: Callable[[str], str] | None = None
+        self._added: re.Pattern[str] | None = None
+        self._added_marks = ""  # a text without any of these holds no added token
+        self._ascii: dict[int, str] | None = None  # the normaliser's map of ASCII, char by char
+        self._collapse = False
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            own = type(backend).from_str(backend.to_str())  # private: no shared state
+            normalizer, pre = own.normalizer, own.pre_tokenizer
+            self._normalize = normalizer.normalize_str if normalizer is not None else str
+            self._ascii = _ascii_map(normalizer)
+            self._collapse = pre is not None and _drops_white_space(pre)
+            contents = sorted(
+                {t.content.casefold() for t in own.get_added_tokens_decoder().values()} - {""},
+                key=len,
+                reverse=True,
+            )
+            if contents:
+                self._added = re.compile("|".join(map(re.escape, contents)))
+                firsts = {c[0] for c in contents}
+                if all(not f.isalnum() and f.isascii() for f in firsts):
+                    self._added_marks = "".join(sorted(firsts))
+        base = hashlib.blake2b(digest_size=16)
+        rule = f"{KEY_RULE}:{int(self._normalize is not None)}:{int(self._collapse)}"
+        base.update(f"{fingerprint}\x00{rule}\x00".encode("utf-8", "surrogatepass"))
+        self._base = base
+
+    @property
+    def normalising(self) -> bool:
+        """Whether texts are keyed by the tokenizer's normal form (else: exactly)."""
+        return self._normalize is not None
+
+    def __call__(self, text: str) -> str:
+        form = self.form(text)
+        h = self._base.copy()
+        if form is None:
+            h.update(b"x")
+            h.update(text.encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"n")
+            h.update(form.encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+    def form(self, text: str) -> str | None:
+        """The normal form ``text`` is keyed by, or None when it is keyed exactly."""
+        if self._normalize is None:
+            return None
+        if self._ascii is not None and text.isascii():
+            form = text.translate(self._ascii)  # what the normaliser gives, without the call
+        else:
+            try:
+                form = self._normalize(text)
+            except Exception:  # e.g. a lone surrogate: the exact text is always safe
+                return None
+        added = self._added
+        if (
+            added is not None
+            and self._may_hold_added(text, form)
+            and (added.search(text.casefold()) or added.search(form.casefold()))
+        ):
+            return None
+        if self._collapse:
+            form = _WHITE_RUN.sub(" ", form).strip(" ")
+        return form
+
+    def _may_hold_added(self, text: str, form: str) -> bool:
+        marks = self._added_marks
+        if not marks:
+            return True
+        return any(m in text or m in form for m in marks)
+
+
+def _ascii_map(normalizer: Any) -> dict[int, str] | None:
+    """The normaliser's output for each ASCII character, when it maps ASCII text one
+    character at a time (a known kind, checked on sample texts), else None."""
+    if normalizer is None:
+        return {}
+    if type(normalizer).__name__ not in _CHARWISE:
+        return None
+    try:
+        table = {i: normalizer.normalize_str(chr(i)) for i in range(128)}
+        rng = random.Random(0)
+        alphabet = "".join(map(chr, range(128)))
+        samples = [alphabet, alphabet[::-1], "a\x1fb \t\r\nC\x00D\x7f"]
+        samples += ["".join(rng.choices(alphabet, k=rng.randint(1, 40))) for _ in range(200)]
+        if all(s.translate(table) == normalizer.normalize_str(s) for s in samples):
+            return table
+    except Exception:
+        pass
+    return None
+
+
+def _drops_white_space(pre: Any) -> bool:
+    """Whether the pre-tokenizer ``pre`` splits on every whitespace character and drops
+    it: a known kind, and "a<ws>b" / " a " read as ["a", "b"] / ["a"]."""
+    if type(pre).__name__ not in _SPLITTING:
+        return False
+    try:
+        cases = [(f"a{c}{c}b", ["a", "b"]) for c in _WHITE_SPACE] + [(" a ", ["a"])]
+        return all([p for p, _ in pre.pre_tokenize_str(t)] == want for t, want in cases)
+    except Exception:
+        return False
+
+
+#: The Faust table of stored results; its changelog topic is ``{app_id}-dedupe-changelog``.
+TABLE_NAME = "dedupe"
+
+
+def changelog_topic(app_id: str) -> str:
+    """The name Faust gives the stored results' changelog topic for app ``app_id``."""
+    return f"{app_id}-{TABLE_NAME}-changelog"
+
+
+def changelog_config(ttl_s: int) -> dict[str, str]:
+    """Topic config of the dedupe table's changelog: compacted, and pruned once older
+    than the TTL (an entry that old is never served, so nothing served is lost).
+
+    Segments roll at the TTL (between a minute and a day), so a closed segment, the
+    only kind the broker deletes, exists within about TTL + one segment.
+    """
+    ttl_ms = max(1, ttl_s) * 1000
+    return {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": str(ttl_ms),
+        "segment.ms": str(min(max(ttl_ms, 60_000), 86_400_000)),
+    }
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ else, whatever the bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.codec import HEADER_LEN, MARKER, request_codec
-from pipeline.dedupe import content_hash
+from pipeline.dedupe import InputKeys, content_hash
 from pipeline.errors import DecodeError, ValidationError
 from pipeline.settings import ValidationSettings
 
@@ -29,7 +30,10 @@ class Request:
     created_at_ms: int
     deadline_ms: int
     lane: str
+    #: The Kafka key: producers compute it, for partitioning (and consumers, for duplicates).
     content_hash: str
+    #: What dedupe levels match on: equal only for the same model input and model.
+    dedupe_key: str
     source: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
 
@@ -71,12 +75,14 @@ def parse(
     model_id: str,
     limits: ValidationSettings,
     received_at_ms: int,
+    keys: Callable[[str], str] | None = None,
 ) -> Request:
     """Decode and validate one lane record (see the module's promise).
 
     The record may be Avro single-object encoded or a JSON object (told apart by
     its first bytes, :meth:`pipeline.codec.Codec.decode_any`); both are checked
-    by the same rules below.
+    by the same rules below. ``keys`` computes the dedupe key (the model's
+    :class:`~pipeline.dedupe.InputKeys`); without it texts dedupe only when equal.
     """
     if value is not None and len(value) > limits.max_payload_bytes:
         raise ValidationError(
@@ -115,6 +121,7 @@ def parse(
         deadline_ms=deadline_ms,
         lane=lane,
         content_hash=content_hash(text, model_id),
+        dedupe_key=(keys or InputKeys(model_id))(text),
         source=record.get("source", ""),
         metadata=dict(record.get("metadata") or {}),
     )

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from pipeline.client import require_bootstrap
+from pipeline.dedupe import changelog_config, changelog_topic
 from pipeline.errors import ConfigurationError
 from pipeline.logs import librdkafka_log
 from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import Settings, TopicSettings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TopicState", "admin_client", "create_topics", "describe_topics", "topic_specs"]
 
@@ -77,6 +81,9 @@ def create_topics(
             f"lane topics have different partition counts {sorted(counts)}; they must match "
             "(add partitions with kafka-topics --alter until they do)"
         )
+    parts = max(counts) if counts else (partitions or settings.topics.partitions)
+    name = changelog_topic(settings.worker.app_id)
+    status[name] = dedupe_changelog(admin, settings, parts, replication, timeout_s)
     return status
 
 
@@ -123,3 +130,51 @@ def describe_topics(
         states.append(TopicState(name, role, len(parts), repl, retention.get(name, "")))
     return states
 
+
+def dedupe_changelog(
+    admin: AdminClient,
+    settings: Settings,
+    partitions: int,
+    replication: int | None,
+    timeout_s: float,
+) -> str:
+    """Create the dedupe table's changelog topic (compacted, pruned past the dedupe TTL,
+    :func:`pipeline.dedupe.changelog_config`), or bring an existing one's cleanup
+    settings in line: "created", "exists" (already in line), "aligned" (changed now),
+    or "unchecked" (the cluster refused to show or change them; logged).
+
+    Faust creates the topic the same way when it is missing; an existing topic keeps
+    its settings until this runs (a changelog made before kept everything forever).
+    """
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    name = changelog_topic(settings.worker.app_id)
+    want = changelog_config(settings.dedupe.ttl_s)
+    repl = replication or settings.topics.replication
+    try:
+        admin.create_topics([NewTopic(name, partitions, repl, config=want)])[name].result(timeout_s)
+        return "created"
+    except KafkaException as exc:
+        err = exc.args[0]
+        if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise ConfigurationError(f"could not create {name}: {err}") from exc
+    try:
+        resource = ConfigResource("topic", name)
+        have = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+        stale = {k: v for k, v in want.items() if k not in have or have[k].value != v}
+        if not stale:
+            return "exists"
+        entries = [
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in stale.items()
+        ]
+        change = ConfigResource("topic", name, incremental_configs=entries)
+        admin.incremental_alter_configs([change], request_timeout=timeout_s)[change].result()
+    except KafkaException as exc:
+        log.warning("cannot check or change the settings of %s: %s", name, exc.args[0])
+        return "unchecked"
+    log.info("%s: set %s", name, ", ".join(f"{k}={v}" for k, v in sorted(stale.items())))
+    return "aligned"

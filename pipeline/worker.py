@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.answers import AckFn, Answers, Incoming, StoreFn, Work
 from pipeline.compute import Compute
-from pipeline.dedupe import StoredResults
+from pipeline.dedupe import InputKeys, StoredResults
 from pipeline.errors import ExpiredError, PermanentError
 from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine
@@ -64,6 +64,7 @@ class Runtime:
         fallback_model: tuple[str, str] | None = None,
         clock_ms: Callable[[], int] = wall_ms,
         forget: Callable[[list[Any]], None] | None = None,
+        keys: Callable[[str], str] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -71,6 +72,8 @@ class Runtime:
         self.metrics = metrics or PipelineMetrics(process_collectors=False)
         self._clock_ms = clock_ms
         self.model_id = settings.model.model_id
+        # Dedupe keys (the model's ``keys``); without them texts dedupe only when equal.
+        self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
         self.controller = Controller(
             settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime")
         )
@@ -161,13 +164,14 @@ class Runtime:
                 model_id=self.model_id,
                 limits=self.settings.validation,
                 received_at_ms=now,
+                keys=self.keys,
             )
         except PermanentError as exc:
             rid = getattr(exc, "request_id", None)
             self._spawn(self.answers.dead_letter(incoming, exc, 1, rid))
             return True
         work = Work(incoming=incoming, request=request, arrived_ms=now)
-        stored = self.stored.get(request.content_hash) if self.stored else None
+        stored = self.stored.get(request.dedupe_key) if self.stored else None
         if stored is not None:
             self._spawn(self._serve_stored(work, stored))
             return True
@@ -189,7 +193,8 @@ class Runtime:
 
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
-            await self._enqueue(work)  # unreadable or another version's: compute afresh
+            work.stored_unusable = True  # unreadable or another version's: compute afresh
+            await self._enqueue(work)
 
     async def _enqueue(self, work: Work) -> None:
         """Hand work to the scheduler; wait (with the lane paused) while its lane is full."""

@@ -10,7 +10,8 @@ folder is set.
 ``load_model`` applies the thread budget first (:mod:`.threads`), and runs
 the network as a TorchScript trace where ``settings.trace`` asks for one
 (:mod:`.tracing`; a trace that fails its check leaves the network eager and
-logs why).
+logs why). The model's ``keys`` dedupe texts by what the tokenizer gives the
+model and by the model's fingerprint (:mod:`.fingerprint`), hashed once here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 
 import torch
 
+from pipeline.dedupe import InputKeys
 from pipeline.errors import ConfigurationError
+from pipeline.inference.fingerprint import model_fingerprint
 from pipeline.inference.model import TASKS, Model, NoopModel
 from pipeline.inference.threads import apply_thread_budget
 from pipeline.inference.tracing import traced
@@ -92,10 +95,19 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
             f"PIPELINE_MODEL_TASK={settings.task!r}: expected one of {', '.join(TASKS)}"
         )
     if settings.task == "noop":
+        name, max_length = settings.name or "noop", max(1, settings.max_length)
+        fingerprint = model_fingerprint(
+            model_id=f"{name}@{settings.version}",
+            task="noop",
+            max_length=max_length,
+            device_type="cpu",
+            folder=None,
+        )
         return NoopModel(
-            name=settings.name or "noop",
+            name=name,
             version=settings.version,
-            max_length=max(1, settings.max_length),
+            max_length=max_length,
+            keys=InputKeys(fingerprint),
         )
     if settings.max_length < 1:
         raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")
@@ -165,8 +177,16 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
     if isinstance(positions, int) and positions > 0:
         max_length = min(max_length, positions)
 
+    name = _derive_name(settings, folder)
+    fingerprint = model_fingerprint(
+        model_id=f"{name}@{settings.version}",
+        task=settings.task,
+        max_length=max_length,
+        device_type=device.type,
+        folder=folder,
+    )
     return Model(
-        name=_derive_name(settings, folder),
+        name=name,
         version=settings.version,
         task=settings.task,
         device=device,
@@ -175,4 +195,5 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         max_length=max_length,
         fail_on=settings.fail_on,
         padding=settings.padding,
+        keys=InputKeys(fingerprint, tokenizer),
     )

@@ -28,11 +28,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
+from pipeline.dedupe import InputKeys
 from pipeline.errors import InferenceError
 
 __all__ = [
@@ -99,6 +101,7 @@ class Model:
         max_length: int,
         fail_on: str = "",
         padding: str = "longest",
+        keys: Callable[[str], str] | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -122,6 +125,9 @@ class Model:
             self._autocast_dtype = torch.bfloat16 if bf16 else torch.float16
         id2label = getattr(network.config, "id2label", None) or {}
         self._labels: dict[int, str] = {int(k): str(v) for k, v in id2label.items()}
+        #: Dedupe key of a text (:class:`~pipeline.dedupe.InputKeys`; ``load_model`` sets
+        #: one over the model's fingerprint and tokenizer; the default keys texts exactly).
+        self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
 
     @property
     def model_id(self) -> str:
@@ -246,12 +252,20 @@ class NoopModel:
     so the pipeline's token accounting still sees plausible numbers.
     """
 
-    def __init__(self, *, name: str, version: str, max_length: int) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        max_length: int,
+        keys: Callable[[str], str] | None = None,
+    ) -> None:
         self.name = name
         self.version = version
         self.task = "noop"
         self.device = torch.device("cpu")
         self.max_length = max_length
+        self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
 
     @property
     def model_id(self) -> str:
