@@ -1,0 +1,72 @@
+"""What a worker process does with its environment and its logs: the event loop it
+runs on (PIPELINE_WORKER_EVENT_LOOP), and no request content in its log, whatever
+the request (answered, undecodable, invalid).
+
+Importing ``pipeline.app`` sets the event loop policy for the whole process, so
+the loop check runs in a child process; the log check runs a real worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from harness import Deployment
+
+from pipeline.client import RequestProducer, request_bytes
+
+_LOOP = textwrap.dedent(
+    """
+    import asyncio
+    import pipeline.app
+
+    print(type(asyncio.get_event_loop_policy()).__module__)
+    """
+)
+
+
+@pytest.mark.parametrize(("kind", "policy"), [("uvloop", "uvloop"), ("asyncio", "asyncio")])
+def test_the_worker_runs_on_the_event_loop_its_setting_names(
+    kind: str, policy: str, tmp_path: Path
+) -> None:
+    env = {"PIPELINE_WORKER_EVENT_LOOP": kind, "PIPELINE_WORKER_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP],
+        env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().split(".")[0] == policy, done.stdout
+
+
+#: Appears in every request this test sends, and must appear nowhere in the log.
+SECRET = "zq-private-marker-7741"
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_request_content_never_reaches_the_worker_log(kafka_bootstrap: str, tmp_path: Path) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        # JSON lines carry every ``extra`` field: the payload filter is in the path.
+        PIPELINE_MODEL_TASK="noop", PIPELINE_LOG_FORMAT="json",
+    )  # fmt: skip
+    with dep.worker() as worker, RequestProducer(dep.settings) as producer:
+        producer.send(f"an ordinary text {SECRET}", lane="standard", request_id="ok")
+        # Undecodable bytes, and JSON that is not a request, both carrying the secret.
+        producer.send_raw("standard", SECRET.encode(), b"\x00" + SECRET.encode())
+        producer.send_raw("standard", None, json.dumps({"txt": SECRET}).encode())
+        # A valid encoding of an invalid request (blank text), the secret in its metadata.
+        _rid, blank = request_bytes("   ", request_id="blank", metadata={"note": SECRET})
+        producer.send_raw("bulk", None, blank)
+        producer.flush()
+        answers = dep.answers(expect=4)
+        log = worker.log()
+    assert sorted(a.kind for a in answers) == ["dead_letter"] * 3 + ["result"]
+    assert "dead letter" in log  # the log did speak about these requests
+    assert SECRET not in log, [line for line in log.splitlines() if SECRET in line][:5]
