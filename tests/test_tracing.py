@@ -31,6 +31,7 @@ def _embeddings(model: object, texts: list[str]) -> torch.Tensor:
     return torch.tensor([p.embedding for p in preds])
 
 
+@pytest.mark.slow  # loads the real MiniLM twice
 def test_auto_traces_on_a_cpu_and_matches_eager() -> None:
     eager = load_model(ModelSettings(device="cpu", trace="off"))
     graph = load_model(ModelSettings(device="cpu"))
