@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_ops import needs_prometheus
+from support.ops import needs_prometheus
 
 from pipeline.cli import main
 from pipeline.dashboard import (

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.ops import populated
 
 from pipeline.errors import ConfigurationError
 from pipeline.metrics import (
@@ -20,35 +21,6 @@ from pipeline.metrics import (
 )
 from pipeline.settings import MetricsSettings, Settings
 from pipeline.supervise import free_port
-
-
-def populated() -> PipelineMetrics:
-    """A facade with every method called at least once (used by tests/test_ops.py too)."""
-    m = PipelineMetrics()
-    m.arrived("realtime")
-    m.arrived("realtime")
-    m.arrived("bulk")
-    m.completed("realtime", "computed", 0.12)
-    m.completed("realtime", "stored", 0.35, late=True)
-    m.completed("bulk", "batch", 2.5)
-    m.dead_letter("decode", "standard")
-    m.dead_letter("expired", "realtime")
-    m.expired("bulk")
-    m.deadline_missed("standard")
-    m.dedupe_hit("inflight")
-    m.wait("realtime", 0.004)
-    m.batch(size=8, real_tokens=150, padded_tokens=256, latency_s=0.031, reason="full")
-    m.queue_depth("bulk", 17)
-    m.inflight(25)
-    m.budget(512)
-    m.budget_change("shrink")
-    m.paused("bulk", True)
-    m.device(0.42, 3 * 2**30, 80 * 2**30)
-    m.busy_fraction(0.9)
-    m.consumer_lag("inference.requests.bulk", 2, 1234)
-    m.breaker_state("open")
-    m.model("all-MiniLM-L6-v2", "1", "cpu", "embed")
-    return m
 
 
 def exposed_families(m: PipelineMetrics) -> dict[str, set[str]]:

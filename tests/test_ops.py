@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_metrics import populated
+from support.ops import PROMTOOL, needs_prometheus, needs_promtool, populated
 
 from pipeline.dashboard import fetch, figure, load_panels
 from pipeline.dashboard.prometheus import LocalPrometheus, scrape_config
@@ -34,17 +33,6 @@ ALERTS_YML = OPS / "prometheus" / "alerts.yml"
 DASHBOARD = OPS / "grafana" / "dashboards" / "pipeline.json"
 PROVISIONING = OPS / "grafana" / "provisioning"
 
-PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
-# Skipped off CI when missing, failed on CI (tests/support: require).
-needs_promtool = pytest.mark.requires(
-    PROMTOOL is not None,
-    "promtool on PATH (apt-get install prometheus; ./run setup installs it when root)",
-)
-needs_prometheus = pytest.mark.requires(
-    PROMETHEUS is not None,
-    "prometheus on PATH (apt-get install prometheus; ./run setup installs it when root)",
-)
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _IDENT = re.compile(rf"(?<![A-Za-z0-9_:]){PREFIX}[A-Za-z0-9_]+")

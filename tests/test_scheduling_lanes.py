@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_scheduling import drive, item, scheduler
+from support.scheduling import drive, item, scheduler
 
 from pipeline.errors import ConfigurationError
 from pipeline.settings import Settings

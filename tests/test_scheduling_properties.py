@@ -6,7 +6,7 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_scheduling import drive
+from support.scheduling import drive
 
 from pipeline.scheduling import Controller, Item, Scheduler
 from pipeline.settings import LANES, SchedulerSettings
