@@ -72,6 +72,7 @@ _WHITE_SPACE = (
     + "\u2028\u2029\u202f\u205f\u3000"
 )
 _WHITE_RUN = re.compile("[" + re.escape(_WHITE_SPACE) + "]+")
+_SPACE_RUN = re.compile(" {2,}")
 #: Pre-tokenizers that split a text on whitespace and drop it, so a run of it reads as one.
 _SPLITTING = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
 #: Normalisers that map each ASCII character on its own, whatever surrounds it.
@@ -105,6 +106,7 @@ class InputKeys:
         self._added_marks = ""  # a text without any of these holds no added token
         self._ascii: dict[int, str] | None = None  # the normaliser's map of ASCII, char by char
         self._collapse = False
+        self._ascii_spaced = False  # the ASCII map turns whitespace into spaces already
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             own = type(backend).from_str(backend.to_str())  # private: no shared state
@@ -122,6 +124,15 @@ class InputKeys:
                 firsts = {c[0] for c in contents}
                 if all(not f.isalnum() and f.isascii() for f in firsts):
                     self._added_marks = "".join(sorted(firsts))
+            # ASCII: whitespace becomes a space as it is mapped (then only runs of spaces
+            # are left), unless an added token holds whitespace to match.
+            if (
+                self._collapse
+                and self._ascii is not None
+                and not any(_WHITE_RUN.search(c) for c in contents)
+            ):
+                self._ascii = {i: _WHITE_RUN.sub(" ", v) for i, v in self._ascii.items()}
+                self._ascii_spaced = True
         base = hashlib.blake2b(digest_size=16)
         rule = f"{KEY_RULE}:{int(self._normalize is not None)}:{int(self._collapse)}"
         base.update(f"{fingerprint}\x00{rule}\x00".encode("utf-8", "surrogatepass"))
@@ -147,8 +158,10 @@ class InputKeys:
         """The normal form ``text`` is keyed by, or None when it is keyed exactly."""
         if self._normalize is None:
             return None
+        spaced = False
         if self._ascii is not None and text.isascii():
             form = text.translate(self._ascii)  # what the normaliser gives, without the call
+            spaced = self._ascii_spaced
         else:
             try:
                 form = self._normalize(text)
@@ -161,7 +174,11 @@ class InputKeys:
             and (added.search(text.casefold()) or added.search(form.casefold()))
         ):
             return None
-        if self._collapse:
+        if spaced:
+            if "  " in form:
+                form = _SPACE_RUN.sub(" ", form)
+            form = form.strip(" ")
+        elif self._collapse:
             form = _WHITE_RUN.sub(" ", form).strip(" ")
         return form
 
@@ -176,7 +193,7 @@ def _ascii_map(normalizer: Any) -> dict[int, str] | None:
     """The normaliser's output for each ASCII character, when it maps ASCII text one
     character at a time (a known kind, checked on sample texts), else None."""
     if normalizer is None:
-        return {}
+        return {i: chr(i) for i in range(128)}
     if type(normalizer).__name__ not in _CHARWISE:
         return None
     try:

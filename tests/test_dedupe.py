@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -130,6 +131,26 @@ def test_equal_keys_mean_equal_token_ids(
         assert text_a == text_b
         return
     assert ids[0] == ids[1], (text_a, text_b)
+
+
+def test_equal_keys_mean_equal_token_ids_for_every_pair_of_kin(
+    minilm_tokenizer: Any, minilm_keys: InputKeys
+) -> None:
+    """Exhaustive over two-word texts: every pair of separators, with every pair of kin
+    in one of the words (the random test above builds longer texts)."""
+    kin = [
+        (wa, sa, wb, sb)
+        for group in _WORDS
+        for wa, wb in itertools.product(group, repeat=2)
+        for sa, sb in itertools.product(_SEPARATORS, repeat=2)
+    ]
+    pairs = [(f"{wa}{sa}x", f"{wb}{sb}x") for wa, sa, wb, sb in kin]
+    pairs += [(f"ab{sa}{wa}", f"ab{sb}{wb}") for wa, sa, wb, sb in kin]
+    shared = [(a, b) for a, b in pairs if a != b and minilm_keys(a) == minilm_keys(b)]
+    assert len(shared) > 1000  # the test has teeth: many different texts share a key
+    for a, b in shared:
+        ids = minilm_tokenizer([a, b])["input_ids"]
+        assert ids[0] == ids[1], (a, b)
 
 
 def test_whitespace_runs_are_one_only_where_the_pre_tokenizer_drops_whitespace() -> None:
