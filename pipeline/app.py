@@ -363,8 +363,8 @@ def use_event_loop(kind: str) -> None:
 
 try:
     faust_edge.check()
+    settings = Settings.from_env()
 except ConfigurationError as exc:  # one line, before the worker joins the group
     raise SystemExit(f"pipeline: {exc}") from None
-settings = Settings.from_env()
 use_event_loop(settings.worker.event_loop)
 app = create_app(settings)

@@ -8,6 +8,7 @@ they are routed through Python logging; CliRunner would not see them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -26,16 +27,17 @@ from pipeline.settings import Settings, TopicSettings
 PIPELINE = [sys.executable, "-c", "from pipeline.cli import main; main()"]
 
 
-def _run(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
-    import os
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
 
-    full = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+
+def _run(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*PIPELINE, *args],
         input=stdin,
         capture_output=True,
         text=True,
-        env={**full, **env},
+        env={**_clean_env(), **env},
         timeout=120,
         check=False,
     )
@@ -236,3 +238,21 @@ def test_the_library_log_goes_through_python_logging(
     assert any("Connection refused" in r.getMessage() for r in caplog.records)
     assert all(r.levelno <= logging.INFO for r in caplog.records if r.name == "librdkafka")
     assert "|FAIL|" not in capfd.readouterr().err
+
+
+def test_a_misspelt_setting_stops_a_worker_in_one_line() -> None:
+    from pipeline.supervise import FAUST
+
+    done = subprocess.run(
+        [FAUST, "-A", "pipeline.app", "worker", "-l", "info"],
+        capture_output=True,
+        text=True,
+        env={**_clean_env(), "PIPELINE_TOPIC_PREFIX": "staging."},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert (done.stdout + done.stderr).strip().splitlines() == [
+        "pipeline: unknown setting(s) PIPELINE_TOPIC_PREFIX (did you mean "
+        "PIPELINE_TOPICS_PREFIX?); run `pipeline settings` for the list"
+    ]
