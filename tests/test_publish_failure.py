@@ -19,12 +19,12 @@ import io
 from typing import Any
 
 import fastavro
+from support.runtime import LengthEngine, settle
 
 from pipeline.answer_producer import MAX_MESSAGE_BYTES
 from pipeline.client import request_bytes
 from pipeline.codec import dead_letter_codec
 from pipeline.errors import AnswerPathFailure, PublishRejected
-from pipeline.inference import BatchOutcome, Outcome, Prediction
 from pipeline.metrics import PipelineMetrics
 from pipeline.publish import (
     DEAD_LETTER_KEY_PREFIX,
@@ -35,31 +35,6 @@ from pipeline.publish import (
 )
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Runtime
-
-
-class LengthEngine:
-    """Stands in for the model: embeds a text as its length, never fails."""
-
-    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
-        await asyncio.sleep(0)
-        outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
-        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
-
-    def busy_fraction(self) -> float:
-        return 0.0
-
-    def tokenize_ms(self) -> float | None:
-        return None
-
-
-async def settle(runtime: Runtime, batches: asyncio.Future[Any], done: Any) -> None:
-    """Return once ``done()`` holds and every task the runtime spawned has ended."""
-    for _ in range(6000):
-        if done() and len(runtime.scheduler) == 0:
-            break
-        await asyncio.sleep(0.005)
-    batches.cancel()
-    await runtime.close(30.0)
 
 
 async def _answer(
