@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -19,8 +19,10 @@ from harness import Deployment
 from tiny_model import build_tiny_bert
 
 from pipeline.client import Answer, RequestProducer
-from pipeline.dedupe import changelog_topic
+from pipeline.codec import request_codec
+from pipeline.dedupe import changelog_topic, content_hash
 from pipeline.inference import load_model
+from pipeline.security import client_config
 from pipeline.topics import create_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -128,3 +130,73 @@ def test_the_dedupe_changelog_is_compacted_and_pruned_past_the_ttl(
     assert own not in kafka_admin.list_topics(timeout=30).topics
     with dep.worker(PIPELINE_WORKER_APP_ID=app_id):
         assert _cleanup(kafka_admin, own, pruned) == pruned
+
+
+def _lane_records(dep: Deployment, lane: str, expect: int) -> list[tuple[bytes, bytes]]:
+    """The first ``expect`` records of a lane topic, as (key, value)."""
+    consumer = Consumer(
+        {**client_config(dep.settings), "group.id": "-", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([dep.settings.topics.lane_topic(lane)])
+    got: list[tuple[bytes, bytes]] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append((msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    return got
+
+
+def test_a_worker_taking_over_serves_what_another_stored_restored_from_the_changelog(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=2)
+    texts = [f"stored before the failover, text {i}" for i in range(6)]
+    with dep.worker("worker-0"), RequestProducer(dep.settings) as producer:
+        for i, text in enumerate(texts):
+            producer.send(text, lane="bulk", request_id=f"first-{i}")
+        producer.flush()
+        first = dep.answers(expect=len(texts))
+    assert {a.record["served"] for a in first} == {"computed"}
+    # The request key is the content hash (it partitions; the worker dedupes stricter).
+    records = _lane_records(dep, "bulk", len(texts))
+    model_id = dep.settings.model.model_id
+    for key, value in records:
+        assert key == content_hash(request_codec().decode(value)["text"], model_id).encode()
+    # A worker with an empty RocksDB folder restores the table from the changelog.
+    with dep.worker("worker-1"), RequestProducer(dep.settings) as producer:
+        for i, text in enumerate(texts):
+            producer.send(text.upper(), lane="standard", request_id=f"again-{i}")
+        producer.flush()
+        answers = dep.answers(expect=2 * len(texts))
+    again = {a.record["request_id"]: a.record for a in answers}
+    before = {a.record["request_id"]: a.record for a in first}
+    for i, text in enumerate(texts):
+        got = again[f"again-{i}"]
+        assert got["served"] == "stored", (i, got["served"])
+        assert got["embedding"] == before[f"first-{i}"]["embedding"]
+        assert got["content_hash"] == content_hash(text.upper(), model_id)
+
+
+def test_two_workers_of_one_group_compute_a_repeated_text_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=2)
+    texts = [f"asked again and again, text {i}" for i in range(4)]
+    with dep.worker("worker-0"), dep.worker("worker-1"):
+        with RequestProducer(dep.settings) as producer:
+            for i, text in enumerate(texts):
+                producer.send(text, lane="standard", request_id=f"a-{i}")
+            producer.flush()
+        dep.answers(expect=len(texts))
+        with RequestProducer(dep.settings) as producer:
+            for i, text in enumerate(texts):
+                producer.send(text, lane="realtime", request_id=f"b-{i}")
+            producer.flush()
+        answers = dep.answers(expect=2 * len(texts))
+    served = {a.record["request_id"]: a.record["served"] for a in answers}
+    assert [served[f"a-{i}"] for i in range(4)] == ["computed"] * 4
+    assert [served[f"b-{i}"] for i in range(4)] == ["stored"] * 4
