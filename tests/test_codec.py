@@ -70,8 +70,12 @@ def test_round_trip_each_record_type() -> None:
         "original_timestamp_ms": 9, "key": b"k", "value": b"\x00\xff", "stage": "decode",
         "error_class": "DecodeError", "error_message": "bad", "attempts": 1,
         "failed_at_ms": 10, "request_id": None, "worker": "w",
+        "value_length": None, "value_sha256": None, "key_length": None,
     }
     assert dead_letter_codec().decode(dead_letter_codec().encode(letter)) == letter
+    # A dead letter of an input cut short carries the whole input's length and hash.
+    cut = {**letter, "value_length": 1 << 20, "value_sha256": "ab" * 32, "key_length": 4096}
+    assert dead_letter_codec().decode(dead_letter_codec().encode(cut)) == cut
 
 
 def test_older_writer_schema_still_decodes_with_defaults() -> None:
