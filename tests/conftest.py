@@ -4,7 +4,14 @@
 answers there; otherwise it starts a :class:`pipeline.kafka_local.LocalKafka`
 (the same launcher as ``pipeline kafka up``) on free loopback ports with a
 temporary data folder, and stops it when the session ends. Nothing is skipped:
-tests marked ``kafka`` always run against a real broker.
+tests marked ``kafka`` always run against a real broker, and a test that needs a
+broker this session runs itself (``started_kafka``) gets one either way.
+
+A prerequisite outside the code (promtool, root for a tmpfs) is stated with
+:func:`support.require` or ``@pytest.mark.requires``: off CI a missing one skips
+with its name, on CI (``CI=true``) it fails. On CI hypothesis is derandomised,
+with no per-example deadline. No test may import ``pipeline.app`` into this
+process (it patches Faust and sets the event loop policy): use a subprocess.
 """
 
 from __future__ import annotations
