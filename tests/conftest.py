@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from hypothesis import settings as hypothesis_settings
-from support import on_ci, require
+from support import free_ports, on_ci, require
 
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings, TopicSettings
@@ -79,18 +78,6 @@ def minilm() -> Model:
     model = load_model(ModelSettings())
     assert isinstance(model, Model)
     return model
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:

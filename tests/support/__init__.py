@@ -9,10 +9,23 @@ CI run has run every test.
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
-__all__ = ["on_ci", "require"]
+__all__ = ["free_ports", "on_ci", "require"]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def on_ci() -> bool:
