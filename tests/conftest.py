@@ -70,6 +70,15 @@ def _pipeline_app_stays_out() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT classifier (tests/tiny_model.py) in a folder shared by the whole run;
+    tests only read it."""
+    from tiny_model import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
 def minilm() -> Model:
     """The bundled all-MiniLM-L6-v2, loaded once per pytest run."""
     from pipeline.inference import Model, load_model

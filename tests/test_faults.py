@@ -4,9 +4,9 @@ Each test keeps a producer sending while it breaks something (a worker killed,
 stalled or joined by another, the broker stopped, the disk full), then checks
 with :func:`ledger.check_ledger` that every input was answered and that
 duplicates stay within the inputs that were in flight at the faults. The
-workers run a tiny BERT (``tiny_model.py``) so that each start and each batch
-takes a fraction of a second on a shared 2-core machine; what is tested is the
-delivery, not the model.
+workers run a tiny BERT (``tiny_model.py``, the ``tiny_dir`` fixture) so that
+each start and each batch takes a fraction of a second on a shared 2-core
+machine; what is tested is the delivery, not the model.
 
 The Faust consumer's session timeout is not a ``PIPELINE_*`` setting; Faust
 reads ``BROKER_SESSION_TIMEOUT`` and ``BROKER_HEARTBEAT_INTERVAL`` from the
@@ -31,7 +31,6 @@ from confluent_kafka import KafkaException
 from harness import Deployment
 from ledger import LedgerTimeout, answered_past_commit, check_ledger, committed, in_flight
 from support import require
-from tiny_model import build_tiny_bert
 
 from pipeline.client import RequestProducer
 from pipeline.errors import PipelineError
@@ -44,11 +43,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.faults, pytest.ma
 #: A short session lets the group drop a dead or stalled member in seconds
 #: (the broker's group.min.session.timeout.ms is 6 s).
 FAST_GROUP = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -230,9 +224,9 @@ def _report(name: str, summary: dict[str, int], **extra: Any) -> None:
 
 
 def test_worker_sigkill_under_load_three_cycles(
-    kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
+    kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
-    dep = _deploy(kafka_bootstrap, tmp_path, tiny_model)
+    dep = _deploy(kafka_bootstrap, tmp_path, tiny_dir)
     bound = 0
     with SteadyProducer(dep, rate=20) as load:
         # 1: mid start-up, while the table is recovered from its changelog
@@ -274,11 +268,11 @@ def _broker_kill(broker: LocalKafka) -> None:
 
 
 def test_broker_stopped_and_killed_worker_recovers_by_itself(
-    make_local_kafka: Any, tmp_path: Path, tiny_model: Path
+    make_local_kafka: Any, tmp_path: Path, tiny_dir: Path
 ) -> None:
     broker: LocalKafka = make_local_kafka()
     broker.up()
-    dep = _deploy(broker.bootstrap, tmp_path, tiny_model)
+    dep = _deploy(broker.bootstrap, tmp_path, tiny_dir)
     faults: list[tuple[float, float]] = []
     with (
         dep.worker() as worker,
@@ -307,9 +301,9 @@ def test_broker_stopped_and_killed_worker_recovers_by_itself(
 
 
 def test_worker_joins_and_leaves_mid_run(
-    kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
+    kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
-    dep = _deploy(kafka_bootstrap, tmp_path, tiny_model, partitions=4)
+    dep = _deploy(kafka_bootstrap, tmp_path, tiny_dir, partitions=4)
     with (
         dep.worker("worker-0", **FAST_GROUP) as first,
         InFlightSampler(dep) as sampler,
@@ -335,9 +329,9 @@ def test_worker_joins_and_leaves_mid_run(
 
 
 def test_worker_stalled_past_session_timeout_then_resumed(
-    kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
+    kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
-    dep = _deploy(kafka_bootstrap, tmp_path, tiny_model, partitions=4)
+    dep = _deploy(kafka_bootstrap, tmp_path, tiny_dir, partitions=4)
     with (
         dep.worker("worker-0", **FAST_GROUP) as stalled,
         dep.worker("worker-1", **FAST_GROUP),
@@ -391,9 +385,9 @@ def _fill(path: Path, leave_bytes: int) -> Path:
 
 
 def test_rocksdb_disk_full_stops_acks_then_nothing_lost(
-    kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
+    kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
-    dep = _deploy(kafka_bootstrap, tmp_path, tiny_model, partitions=1)
+    dep = _deploy(kafka_bootstrap, tmp_path, tiny_dir, partitions=1)
     data_dir = Path(dep.env["PIPELINE_WORKER_DATA_DIR"])
     with _tiny_tmpfs(data_dir):
         with dep.worker(**FAST_GROUP) as worker, SteadyProducer(dep, rate=20, tag="warm") as warm:
@@ -426,10 +420,10 @@ def test_rocksdb_disk_full_stops_acks_then_nothing_lost(
 
 
 def test_held_early_offset_survives_sigkill_and_is_never_committed_past(
-    kafka_bootstrap: str, tmp_path: Path, tiny_model: Path
+    kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
     dep = _deploy(
-        kafka_bootstrap, tmp_path, tiny_model, partitions=1,
+        kafka_bootstrap, tmp_path, tiny_dir, partitions=1,
         PIPELINE_MODEL_FAIL_ON="held back",
         PIPELINE_RETRY_MAX_ATTEMPTS="1000",
         PIPELINE_RETRY_BACKOFF_BASE_MS="1000",

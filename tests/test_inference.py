@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tiny_model import LABELS, build_tiny_bert
+from tiny_model import LABELS
 
 from pipeline.errors import ConfigurationError, InferenceError
 from pipeline.inference import (
@@ -45,11 +45,6 @@ TEXTS = [
 def cosine(a: list[float], b: list[float]) -> float:
     ta, tb = torch.tensor(a), torch.tensor(b)
     return float(torch.nn.functional.cosine_similarity(ta, tb, dim=0))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 # -- the real model --------------------------------------------------------

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_model import build_tiny_bert
 
 from pipeline.client import request_bytes
 from pipeline.errors import ConfigurationError, InferenceError
@@ -200,11 +199,6 @@ def test_stop_drains_prepared_and_queued_jobs(engine_of: list[InferenceEngine]) 
 
 
 # -- padding to the scheduler's buckets (the tiny BERT) -----------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_padding_to_the_bucket_and_shape_keeps_every_embedding(tiny_dir: Path) -> None:
