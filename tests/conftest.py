@@ -26,15 +26,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import support
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from hypothesis import settings as hypothesis_settings
-from support import free_ports, on_ci, require
+from support import on_ci, require
 
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings, TopicSettings
 
 if TYPE_CHECKING:
     from pipeline.inference import Model
+
+#: Kept here too: test modules import it from conftest.
+free_ports = support.free_ports
 
 # On CI every run draws the same examples (a red run reproduces) and no
 # example fails for being slow on a loaded runner; elsewhere, hypothesis's own
