@@ -265,7 +265,8 @@ def test_every_panel_draws_from_real_prometheus_query_range(
     prometheus: RunningPrometheus,
 ) -> None:
     prometheus.wait_for("pipeline_token_budget")
-    time.sleep(2.5)  # a few scrapes, so rate() over the window has two samples
+    # Two scrapes at least, so that rate() over the panels' window has an answer.
+    prometheus.wait_for("rate(pipeline_requests_received_total[30s])")
     panels = load_panels()
     now = time.time()
     curves = fetch(
