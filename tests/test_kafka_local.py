@@ -5,48 +5,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from support.kafka import read_topic
 
 from pipeline.cli import main
 from pipeline.errors import ConfigurationError
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import LocalKafkaSettings
-
-
-def _consume(
-    bootstrap: str, topic: str, count: int, timeout: float = 30.0
-) -> list[tuple[bytes, bytes]]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    got: list[tuple[bytes, bytes]] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + timeout
-        while len(got) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            key, value = msg.key(), msg.value()
-            assert key is not None and value is not None
-            got.append((key, value))
-    finally:
-        consumer.close()
-    return got
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -65,7 +37,7 @@ def test_produce_consume_round_trip(
     topic = topic_factory("roundtrip", partitions=1)
     records = [(f"k{i}".encode(), f"value {i}".encode()) for i in range(5)]
     _produce(kafka_bootstrap, topic, records)
-    assert _consume(kafka_bootstrap, topic, len(records)) == records
+    assert [(m.key(), m.value()) for m in read_topic(kafka_bootstrap, topic)] == records
 
 
 @pytest.mark.kafka
@@ -146,7 +118,8 @@ def test_up_idempotent_down_and_restart(make_local_kafka: Callable[[], LocalKafk
 
         assert broker.up() == broker.bootstrap
         assert broker.read_pid() not in (None, pid)
-        assert _consume(broker.bootstrap, topic, 1) == [(b"k", b"kept across restarts")]
+        kept = [(m.key(), m.value()) for m in read_topic(broker.bootstrap, topic)]
+        assert kept == [(b"k", b"kept across restarts")]
     finally:
         last = broker.read_pid()
         broker.down()

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from support.kafka import end_offsets, read_topic
 
 from pipeline.cli import main
 from pipeline.client import RequestProducer, request_bytes
@@ -249,48 +250,6 @@ def _produce_dead_letters(
     return originals
 
 
-def _read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of ``topic`` up to its current end, with headers."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": False}
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        out: list[Any] = []
-        deadline = time.monotonic() + 30
-        while len(out) < sum(ends.values()) and time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=0.5):
-                assert msg.error() is None, msg.error()
-                out.append(msg)
-        assert len(out) == sum(ends.values())
-        return out
-    finally:
-        consumer.close()
-
-
-def _end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends"})
-    try:
-        out = {}
-        for topic in topics:
-            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-                for _ in range(20):  # a new topic's leader may not be known yet
-                    try:
-                        out[(topic, p)] = consumer.get_watermark_offsets(
-                            TopicPartition(topic, p), 10
-                        )[1]
-                        break
-                    except KafkaException:
-                        time.sleep(0.25)
-                else:
-                    raise AssertionError(f"no end offset for {topic}/{p}")
-        return out
-    finally:
-        consumer.close()
-
-
 def _headers(msg: Any) -> dict[str, str]:
     return {k: v.decode() for k, v in (msg.headers() or [])}
 
@@ -319,7 +278,7 @@ def test_killed_replay_run_again_sends_each_record_exactly_once(
         )
         try:
             deadline = time.monotonic() + 60
-            while sum(_end_offsets(bootstrap, [dest]).values()) < 10:
+            while sum(end_offsets(bootstrap, [dest]).values()) < 10:
                 assert proc.poll() is None, (tmp_path / "replay.log").read_text()
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
@@ -328,14 +287,14 @@ def test_killed_replay_run_again_sends_each_record_exactly_once(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
-    sent_before = sum(_end_offsets(bootstrap, [dest]).values())
+    sent_before = sum(end_offsets(bootstrap, [dest]).values())
     assert 10 <= sent_before < 40, sent_before
 
     result = CliRunner().invoke(main, ["replay-dlq", "--group", "killed"], env=_env(settings))
     assert result.exit_code == 0, result.output
     assert f"already sent {sent_before}" in result.output, result.output
 
-    replayed = _read_all(bootstrap, dest)
+    replayed = read_topic(bootstrap, dest)
     ids = Counter(_headers(m)[ID_HEADER] for m in replayed)
     assert len(ids) == 40 and set(ids.values()) == {1}, ids
     assert {_headers(m)[ATTEMPT_HEADER] for m in replayed} == {"1"}
@@ -347,7 +306,7 @@ def test_killed_replay_run_again_sends_each_record_exactly_once(
         dlq = unique_topics.dlq_topic
         parts = range(unique_topics.partitions)
         committed = consumer.committed([TopicPartition(dlq, p) for p in parts], timeout=10)
-        ends = _end_offsets(bootstrap, [dlq])
+        ends = end_offsets(bootstrap, [dlq])
         assert {tp.partition: tp.offset for tp in committed} == {p: ends[(dlq, p)] for p in parts}
     finally:
         consumer.close()
@@ -412,14 +371,14 @@ def test_attempts_follow_the_header_chain_and_stop_at_max_attempts(
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in export.read_text().splitlines()]
     assert sorted(r["replay_attempts"] for r in rows) == [2, 5]
-    assert sum(_end_offsets(settings.kafka.bootstrap_servers, [lane]).values()) == 2
+    assert sum(end_offsets(settings.kafka.bootstrap_servers, [lane]).values()) == 2
 
     result = runner.invoke(main, ["replay-dlq", "--max-attempts", "5"], env=_env(settings))
     assert result.exit_code == 0, result.output
     assert "over max attempts 1" in result.output and "replayed 1" in result.output
     replayed = [
         m
-        for m in _read_all(settings.kafka.bootstrap_servers, lane)
+        for m in read_topic(settings.kafka.bootstrap_servers, lane)
         if not _headers(m)[ID_HEADER].startswith("old/")
     ]
     assert len(replayed) == 1
@@ -490,14 +449,14 @@ def test_real_dead_letters_dry_run_then_replay_after_the_fix(
         topics.results_topic,
         topics.dlq_topic,
     ]
-    before = _end_offsets(kafka_bootstrap, watched)
+    before = end_offsets(kafka_bootstrap, watched)
 
     runner = CliRunner()
     result = runner.invoke(main, ["replay-dlq", "--dry-run"], env=dep.env)
     assert result.exit_code == 0, result.output
     assert format_summary(made) in result.stdout
     assert "would replay 4" in result.stdout
-    assert _end_offsets(kafka_bootstrap, watched) == before  # produced nothing
+    assert end_offsets(kafka_bootstrap, watched) == before  # produced nothing
 
     with dep.worker(PIPELINE_MODEL_FAIL_ON=""):
         result = runner.invoke(main, ["replay-dlq", "--stage", "infer"], env=dep.env)
