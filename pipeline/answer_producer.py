@@ -80,7 +80,7 @@ def classify(err: KafkaError, topic: str) -> PublishRejected | AnswerPathFailure
     return AnswerPathFailure(f"{text} (the record may or may not be written)")
 
 
-Report = tuple["asyncio.Future[None]", KafkaError | None, str]
+Report = tuple["asyncio.Future[int]", KafkaError | None, str, int]
 
 
 class AnswerProducer:
@@ -128,37 +128,49 @@ class AnswerProducer:
         self._thread.daemon = True
         self._thread.start()
 
-    async def send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
-        """Hand one record to librdkafka; return the future of its acknowledgement.
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[int]:
+        """Hand one record to librdkafka; return the future of its acknowledgement
+        (its offset), waiting while librdkafka's queue is full.
 
         A record refused before it is queued (too large for
         :data:`MAX_MESSAGE_BYTES`, say) gives a future that has already failed.
         """
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        callback = functools.partial(self._delivered, fut, topic)
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=callback)
+                return self.send_nowait(topic, key, value, partition)
             except BufferError:  # librdkafka's queue is full: not queued, safe to try again
                 await asyncio.sleep(_POLL_S)
-                continue
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                fut.set_exception(
-                    classify(err, topic)
-                    if isinstance(err, KafkaError)
-                    else AnswerPathFailure(f"{topic}: {exc}")
-                )
-                return fut
-            break
+
+    def send_nowait(
+        self, topic: str, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[int]:
+        """As :meth:`send`, from synchronous code: raises BufferError (nothing queued)
+        while librdkafka's queue is full."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        callback = functools.partial(self._delivered, fut, topic)
+        try:
+            if partition is None:
+                self._producer.produce(topic, value, key, on_delivery=callback)
+            else:
+                self._producer.produce(topic, value, key, partition, on_delivery=callback)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            fut.set_exception(
+                classify(err, topic)
+                if isinstance(err, KafkaError)
+                else AnswerPathFailure(f"{topic}: {exc}")
+            )
+            return fut
         self.outstanding += 1
         return fut
 
     def _delivered(
-        self, fut: asyncio.Future[None], topic: str, err: KafkaError | None, _msg: Any
+        self, fut: asyncio.Future[int], topic: str, err: KafkaError | None, msg: Any
     ) -> None:
-        self._reports.append((fut, err, topic))  # on the polling thread, inside poll()
+        offset = -1 if err is not None else msg.offset()
+        self._reports.append((fut, err, topic, offset))  # on the polling thread, in poll()
 
     def _poll_forever(self) -> None:
         producer, loop = self._producer, self._loop
@@ -175,11 +187,11 @@ class AnswerProducer:
     def _settle(self, reports: list[Report]) -> None:
         """On the event loop: resolve one poll's worth of delivery reports."""
         self.outstanding -= len(reports)
-        for fut, err, topic in reports:
+        for fut, err, topic, offset in reports:
             if fut.done():
                 continue
             if err is None:
-                fut.set_result(None)
+                fut.set_result(offset)
             else:
                 fut.set_exception(classify(err, topic))
 

@@ -140,6 +140,7 @@ class _RuntimeHolder(Service):
         self.settings = settings
         self.table = table
         self.runtime: Runtime | None = None
+        self.changelog: faust_edge.ChangelogStore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.engine: InferenceEngine | None = None
         self.fallback: InferenceEngine | None = None
@@ -188,7 +189,8 @@ class _RuntimeHolder(Service):
             dlq_topic=s.topics.dlq_topic,
             on_fatal=self._answer_path_failed,
         )
-        stored = StoredResults(self.table, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
+        self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.send_nowait)
+        stored = StoredResults(self.changelog, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
         self.runtime = Runtime(
             s,
             engine=self.engine,
@@ -216,7 +218,7 @@ class _RuntimeHolder(Service):
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())
         self.add_future(self.stalls.run())
-        self.add_future(self._redo_lost_seeks())
+        self.add_future(self._every_second())
         self.ready.set()
         log.info(
             "pipeline ready: model %s on %s (event loop %s)",
@@ -232,10 +234,13 @@ class _RuntimeHolder(Service):
         await engine.run(["warm-up"])
         return engine
 
-    async def _redo_lost_seeks(self, interval_s: float = 1.0) -> None:
-        """Seek again where a seek back to skipped records got no answer (continuity.py)."""
+    async def _every_second(self, interval_s: float = 1.0) -> None:
+        """Seek again where a seek back to skipped records got no answer (continuity.py);
+        record the dedupe changelog's delivered offsets in its store."""
         while True:
             await asyncio.sleep(interval_s)
+            if self.changelog is not None:
+                self.changelog.flush_offsets()
             for tp, offset in self.continuity.overdue():
                 log.warning("%s: seek back to %d got no records; seeking again", tp, offset)
                 with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
