@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.client import Answer, RequestProducer, read_answers
+from pipeline.client import Answer, RequestProducer, read_answers, request_bytes
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings
 from pipeline.supervise import WorkerProcess
@@ -77,7 +77,10 @@ def _traffic(
     lanes: dict[str, str] = {}
     for i, (lane, text) in enumerate(SAMPLES):
         lanes[producer.send(text, lane=lane, request_id=f"{run}-{i:02d}")] = lane
-    lanes[producer.send("   ", lane="standard", request_id=f"{run}-bad")] = "standard"
+    # A blank text, sent as raw bytes (the client refuses it): the worker dead-letters it.
+    bad, value = request_bytes("   ", request_id=f"{run}-bad")
+    producer.send_raw("standard", None, value)
+    lanes[bad] = "standard"
     producer.flush()
     del producer  # closes its connections before the broker may go away
     _step("waiting for results and dead letters")

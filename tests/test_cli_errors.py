@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -100,7 +101,7 @@ def _lane_values(bootstrap: str, topic: str) -> list[dict[str, object]]:
         part = TopicPartition(topic, 0)
         _low, high = consumer.get_watermark_offsets(part, timeout=10)
         consumer.assign([TopicPartition(topic, 0, 0)])
-        out = []
+        out: list[dict[str, Any]] = []
         while len(out) < high:
             msg = consumer.poll(1.0)
             if msg is not None and msg.error() is None:

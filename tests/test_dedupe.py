@@ -159,12 +159,18 @@ def test_whitespace_runs_are_one_only_where_the_pre_tokenizer_drops_whitespace()
 
     byte_level = Tokenizer(models.BPE())
     byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    gpt_like = InputKeys("fp", PreTrainedTokenizerFast(tokenizer_object=byte_level))
+    gpt_like = InputKeys(
+        "fp",
+        PreTrainedTokenizerFast(tokenizer_object=byte_level),  # type: ignore[no-untyped-call]
+    )
     assert gpt_like.normalising
     assert gpt_like("a  b") != gpt_like("a b") and gpt_like(" a") != gpt_like("a")
     split = Tokenizer(models.BPE())
     split.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    words = InputKeys("fp", PreTrainedTokenizerFast(tokenizer_object=split))
+    words = InputKeys(
+        "fp",
+        PreTrainedTokenizerFast(tokenizer_object=split),  # type: ignore[no-untyped-call]
+    )
     assert words("a \t b ") == words("a b") != words("a\x1fb")
     exact = InputKeys("fp")  # no fast tokenizer: only equal texts share
     assert not exact.normalising

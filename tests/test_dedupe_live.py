@@ -144,7 +144,9 @@ def _lane_records(dep: Deployment, lane: str, expect: int) -> list[tuple[bytes, 
         while len(got) < expect and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                got.append((msg.key(), msg.value()))
+                key, value = msg.key(), msg.value()
+                assert key is not None and value is not None
+                got.append((key, value))
     finally:
         consumer.close()
     return got
