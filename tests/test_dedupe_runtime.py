@@ -12,10 +12,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from support.runtime import LengthEngine
+
 from pipeline.client import request_bytes
 from pipeline.codec import result_codec
 from pipeline.dedupe import InputKeys, StoredEntry, StoredResults
-from pipeline.inference import BatchOutcome, Outcome, Prediction
 from pipeline.publish import Origin, Publisher
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Runtime
@@ -23,23 +24,12 @@ from pipeline.worker import Incoming, Runtime
 LONG = "a long text " * 20  # 240 characters: cut at level 3 of load shedding
 
 
-class _Model:
-    """Stands in for the model: embeds a text as its length and records each text."""
+class _Model(LengthEngine):
+    """Stands in for the model: embeds a text as its length; ``texts`` lists every text."""
 
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
-        self.texts += texts
-        await asyncio.sleep(0)
-        outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
-        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
-
-    def busy_fraction(self) -> float:
-        return 0.0
-
-    def tokenize_ms(self) -> float | None:
-        return None
+    @property
+    def texts(self) -> list[str]:
+        return [text for batch in self.batches for text in batch]
 
 
 class _Rig:
