@@ -267,6 +267,8 @@ class _RuntimeHolder(Service):
                         self.metrics.consumer_lag(tp.topic, tp.partition, lag)
 
     async def on_stop(self) -> None:
+        if self.stalls is not None:
+            self.stalls.close()  # stopping blocks the loop on purpose: not a stall to report
         if self.runtime is not None:
             await self.runtime.close()
         loop = asyncio.get_running_loop()

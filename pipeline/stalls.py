@@ -44,12 +44,16 @@ class StallWatch:
         self.warn_s = warn_s
         self._clock = clock
         self._gc_started: dict[int, float] = {}
+        self._closed = False
 
     def install(self) -> None:
         if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
 
     def close(self) -> None:
+        """Unhook; from now on stalls are measured but not logged (a stopping worker
+        blocks its loop on purpose, closing what it holds)."""
+        self._closed = True
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
@@ -59,7 +63,7 @@ class StallWatch:
             await asyncio.sleep(self.interval_s)
             lag = self._clock() - t0 - self.interval_s
             self.metrics.loop_lag(lag)
-            if lag > self.warn_s:
+            if lag > self.warn_s and not self._closed:
                 log.warning("event loop stalled for %.0f ms", lag * 1000)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:

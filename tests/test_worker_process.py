@@ -19,6 +19,7 @@ import pytest
 from harness import Deployment
 
 from pipeline.client import RequestProducer, request_bytes
+from pipeline.supervise import free_port
 
 _LOOP = textwrap.dedent(
     """
@@ -70,3 +71,34 @@ def test_request_content_never_reaches_the_worker_log(kafka_bootstrap: str, tmp_
     assert sorted(a.kind for a in answers) == ["dead_letter"] * 3 + ["result"]
     assert "dead letter" in log  # the log did speak about these requests
     assert SECRET not in log, [line for line in log.splitlines() if SECRET in line][:5]
+
+
+#: Lines a person running a worker should never have to read past (issue 16, item 10).
+NOISE = ("Loading weights", "loss_type", "nanobind", "event loop stalled", "_created")
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_worker_with_the_real_model_logs_no_library_noise_and_serves_no_created_series(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A MiniLM worker started, asked once and stopped with SIGTERM: its whole log
+    (exit included) has none of the libraries' noise, and /metrics no ``*_created``."""
+    import urllib.request
+
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=1)
+    port = free_port()
+    with (
+        dep.worker(PIPELINE_METRICS_PORT=str(port)) as worker,
+        RequestProducer(dep.settings) as producer,
+    ):
+        producer.send("a short text", lane="standard", request_id="one")
+        producer.flush()
+        assert len(dep.answers(expect=1)) == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            metrics = page.read().decode()
+    log = worker.log()  # read after the worker exited: its last lines are in
+    assert "pipeline_requests_completed_total" in metrics
+    assert "_created" not in metrics
+    noisy = [line for line in log.splitlines() if any(n in line for n in NOISE)]
+    assert noisy == [], noisy[:5]

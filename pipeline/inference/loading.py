@@ -130,6 +130,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
 
     apply_thread_budget(settings)
+    _quiet_imports()
 
     import transformers
 
@@ -197,3 +198,24 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         padding=settings.padding,
         keys=InputKeys(fingerprint, tokenizer),
     )
+
+
+def _quiet_imports() -> None:
+    """Keep what is not for the person running a worker out of its log.
+
+    Triton stays out of the process: the pipeline compiles no kernels (no
+    ``torch.compile``), but torch's dynamo imports triton just to see whether it
+    is there, and triton's nanobind bindings then print some 600 "leaked" lines
+    when the worker exits (a process that already imported it keeps it).
+    Transformers shows no progress bar over weights that load in milliseconds
+    (logged as WARNING through Faust's stdout redirect) and no warning that an
+    embedding model's config names no loss type.
+    """
+    import sys
+
+    sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+
