@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from pipeline.faust_conf import consumer_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
+from pipeline.preflight import preflight
 from pipeline.publish import Origin, Publisher
 from pipeline.security import faust_credentials
 from pipeline.settings import LANES, Settings
@@ -371,6 +373,7 @@ def use_event_loop(kind: str) -> None:
 try:
     faust_edge.check()
     settings = Settings.from_env()
+    preflight(settings, ports="worker" in sys.argv[1:])
 except ConfigurationError as exc:  # one line, before the worker joins the group
     raise SystemExit(f"pipeline: {exc}") from None
 use_event_loop(settings.worker.event_loop)

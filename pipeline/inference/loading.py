@@ -80,6 +80,32 @@ def _derive_name(settings: ModelSettings, folder: Path) -> str:
     return folder.resolve().name
 
 
+def check_model_settings(settings: ModelSettings) -> tuple[torch.device, Path, str]:
+    """Check a (non-noop) model's settings without loading it: the device, the folder and
+    the hint to print with a folder transformers cannot load. Raises ConfigurationError
+    saying what to set; cheap enough to run before a worker joins its group."""
+    if settings.max_length < 1:
+        raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")
+    if settings.fail_on:
+        try:
+            re.compile(settings.fail_on)
+        except re.error as exc:
+            raise ConfigurationError(
+                f"PIPELINE_MODEL_FAIL_ON={settings.fail_on!r} is not a valid regex: {exc}"
+            ) from exc
+    device = _resolve_device(settings.device)
+    folder = Path(settings.path or default_model_path()).expanduser()
+    hint = (
+        "set PIPELINE_MODEL_PATH to a Hugging Face model folder (config.json, tokenizer "
+        "files, weights), or leave it empty for the bundled all-MiniLM-L6-v2"
+    )
+    if not folder.is_dir():
+        raise ConfigurationError(f"model folder {str(folder)!r} does not exist; {hint}")
+    if not (folder / "config.json").is_file():
+        raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
+    return device, folder, hint
+
+
 def load_model(settings: ModelSettings) -> Model | NoopModel:
     """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
 
@@ -109,26 +135,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
             max_length=max_length,
             keys=InputKeys(fingerprint),
         )
-    if settings.max_length < 1:
-        raise ConfigurationError(f"PIPELINE_MODEL_MAX_LENGTH={settings.max_length}: must be >= 1")
-    if settings.fail_on:
-        try:
-            re.compile(settings.fail_on)
-        except re.error as exc:
-            raise ConfigurationError(
-                f"PIPELINE_MODEL_FAIL_ON={settings.fail_on!r} is not a valid regex: {exc}"
-            ) from exc
-    device = _resolve_device(settings.device)
-    folder = Path(settings.path or default_model_path()).expanduser()
-    hint = (
-        "set PIPELINE_MODEL_PATH to a Hugging Face model folder (config.json, tokenizer "
-        "files, weights), or leave it empty for the bundled all-MiniLM-L6-v2"
-    )
-    if not folder.is_dir():
-        raise ConfigurationError(f"model folder {str(folder)!r} does not exist; {hint}")
-    if not (folder / "config.json").is_file():
-        raise ConfigurationError(f"model folder {str(folder)!r} has no config.json; {hint}")
-
+    device, folder, hint = check_model_settings(settings)
     apply_thread_budget(settings)
     _quiet_imports()
 
