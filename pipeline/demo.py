@@ -18,7 +18,7 @@ import click
 
 from pipeline.client import Answer, RequestProducer, read_answers, request_bytes
 from pipeline.kafka_local import LocalKafka
-from pipeline.settings import Settings
+from pipeline.settings import Settings, WorkerSettings
 from pipeline.supervise import WorkerProcess
 from pipeline.topics import create_topics
 
@@ -94,6 +94,17 @@ def _traffic(
     return answers, lanes
 
 
+def _worker_data_dir(settings: Settings) -> str:
+    """The demo worker's RocksDB folder. By default it sits beside the local broker's
+    data, so the two stay a pair: a worker's tables must never be ahead of the broker's
+    changelog (Faust stops with a ConsistencyError when they are), which a shared
+    default folder would be after the broker's folder changed or was wiped."""
+    if settings.worker.data_dir != WorkerSettings().data_dir:
+        return settings.worker.data_dir
+    broker = Path(settings.local_kafka.data_dir).expanduser()
+    return str(broker.with_name(broker.name + "-worker"))
+
+
 def run_demo(settings: Settings, *, keep_broker: bool = False) -> int:
     """Run the demo; return the process exit status (0 when every request was answered)."""
     broker = LocalKafka(settings.local_kafka)
@@ -110,8 +121,18 @@ def run_demo(settings: Settings, *, keep_broker: bool = False) -> int:
         for name, state in create_topics(settings).items():
             click.echo(f"    {state:8} {name}", err=True)
         _step("starting a worker: faust -A pipeline.app worker -l info")
-        log = Path(settings.worker.data_dir).with_suffix(".demo.log")
-        worker = WorkerProcess.start({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap}, log)
+        data_dir = _worker_data_dir(settings)
+        log = Path(data_dir).with_suffix(".demo.log")
+        worker = WorkerProcess.start(
+            {
+                "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                "PIPELINE_TOPICS_PREFIX": settings.topics.prefix,
+                "PIPELINE_WORKER_DATA_DIR": data_dir,
+                "PIPELINE_WORKER_WEB_PORT": str(settings.worker.web_port),
+                "PIPELINE_METRICS_PORT": str(settings.metrics.port),
+            },
+            log,
+        )
         answers, lanes = _traffic(settings, worker, log)
         _print_answers(answers, lanes)
         missing = set(lanes) - {a.record["request_id"] for a in answers}
