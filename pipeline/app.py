@@ -56,6 +56,7 @@ def create_app(settings: Settings) -> faust.App:
     s = settings
     app = _App(
         s.worker.app_id,
+        Worker=_worker_class(s),
         broker=_broker_url(s.kafka.bootstrap_servers),
         broker_client_id=s.kafka.client_id,
         broker_credentials=faust_credentials(s.kafka_security),
@@ -117,6 +118,34 @@ def create_app(settings: Settings) -> faust.App:
     faust_edge.install(lane_names)
 
     return app
+
+
+def _worker_class(settings: Settings) -> type[faust.Worker]:
+    """The ``faust worker`` command's Worker: the pipeline's log format from the first
+    log line (Faust's own start-up lines included). With ``PIPELINE_LOG_FORMAT=json``
+    the facts of Faust's start-up banner are one JSON line too; the banner itself is
+    printed to stdout by the command, which ``faust --quiet`` leaves out."""
+
+    class Worker(faust.Worker):  # the name shows in its log lines: "[^Worker]: Ready"
+        def on_setup_root_logger(self, logger: Any, level: int) -> None:
+            super().on_setup_root_logger(logger, level)
+            configure_logging(
+                settings.log,
+                allow_payloads=settings.worker.log_payloads,
+                static={"app": settings.worker.app_id},
+            )
+            if settings.log.format == "json":
+                log.info(
+                    "faust-streaming %s worker starting",
+                    faust.__version__,
+                    extra={
+                        "broker": settings.kafka.bootstrap_servers,
+                        "web": f"http://{settings.worker.web_host}:{settings.worker.web_port}",
+                        "datadir": settings.worker.data_dir,
+                    },
+                )
+
+    return Worker
 
 
 class _App(faust.App):

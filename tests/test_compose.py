@@ -50,7 +50,7 @@ def test_topics_run_once_the_broker_is_healthy() -> None:
 
 def test_worker_is_the_faust_worker_after_topics() -> None:
     worker = _compose()["worker"]
-    assert worker["command"][:5] == ["faust", "-A", "pipeline.app", "worker", "-l"]
+    assert worker["command"][:6] == ["faust", "--quiet", "-A", "pipeline.app", "worker", "-l"]
     assert worker["build"] == "."
     env = worker["environment"]
     assert env["PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"

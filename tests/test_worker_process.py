@@ -102,3 +102,29 @@ def test_a_worker_with_the_real_model_logs_no_library_noise_and_serves_no_create
     assert "_created" not in metrics
     noisy = [line for line in log.splitlines() if any(n in line for n in NOISE)]
     assert noisy == [], noisy[:5]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_json_logs_are_json_from_the_first_line(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """With PIPELINE_LOG_FORMAT=json every log line of a worker is a JSON object, Faust's
+    start-up lines included; only the banner table printed on stdout is not (the
+    command's ``--quiet`` drops it; the harness's worker runs without it)."""
+    dep = Deployment.create(
+        kafka_bootstrap, tmp_path, partitions=1,
+        PIPELINE_MODEL_TASK="noop", PIPELINE_LOG_FORMAT="json",
+    )  # fmt: skip
+    with dep.worker() as worker:
+        pass
+    lines = [line for line in worker.log().splitlines() if line.strip()]
+    banner = [line for line in lines if line[:1] in "+|"]
+    others = [line for line in lines if line[:1] not in "+|"]
+    not_json = []
+    for line in others:
+        try:
+            json.loads(line)
+        except ValueError:
+            not_json.append(line)
+    assert banner and others
+    assert not_json == [], not_json[:5]
+    assert any("worker starting" in json.loads(line)["msg"] for line in others)
