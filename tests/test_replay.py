@@ -475,3 +475,13 @@ def test_real_dead_letters_dry_run_then_replay_after_the_fix(
     # the same replay again sends nothing
     result = runner.invoke(main, ["replay-dlq", "--stage", "infer"], env=dep.env)
     assert result.exit_code == 0 and "already sent 2" in result.output, result.output
+
+
+def test_to_honours_the_topic_prefix() -> None:
+    from pipeline.commands.replay import destination_topic
+
+    staged = Settings.from_env({"PIPELINE_TOPICS_PREFIX": "staging."})
+    assert destination_topic(staged, "bulk") == "staging.inference.requests.bulk"
+    assert destination_topic(staged, "fixed.inputs") == "staging.fixed.inputs"
+    assert destination_topic(staged, "staging.fixed.inputs") == "staging.fixed.inputs"
+    assert destination_topic(Settings.from_env({}), "fixed.inputs") == "fixed.inputs"

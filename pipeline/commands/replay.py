@@ -82,7 +82,9 @@ __all__ = ["replay_dlq"]
     "--to",
     "to_topic",
     default=None,
-    help="Send every input to this topic (default: each one's original topic).",
+    help="Send every input to this topic (default: each one's original topic): a lane "
+    "name (realtime, standard, bulk) or a topic name; PIPELINE_TOPICS_PREFIX is added "
+    "unless the name already starts with it.",
 )
 @click.option(
     "--rate",
@@ -166,7 +168,7 @@ def replay_dlq(
             request_ids=None if ids is None else frozenset(ids),
         ),
         dlq_topic=dlq,
-        to_topic=to_topic,
+        to_topic=None if to_topic is None else destination_topic(settings, to_topic),
         rate=rate,
         dry_run=dry_run,
         force=force,
@@ -206,3 +208,14 @@ def replay_dlq(
     if export_path is not None:
         click.echo(f"exported {report.exported} dead letters to {export_path}", err=True)
     click.echo(report.line(), err=True)
+
+
+def destination_topic(settings: Settings, name: str) -> str:
+    """``--to``'s topic: a lane's topic for a lane name, else ``name`` under the
+    deployment's topic prefix (a name that already carries it is kept as it is)."""
+    from pipeline.settings import LANES
+
+    topics = settings.topics
+    if name in LANES:
+        return topics.lane_topic(name)
+    return name if name.startswith(topics.prefix) else topics.prefix + name
