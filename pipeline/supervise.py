@@ -38,15 +38,18 @@ class WorkerProcess:
     log_start: int = 0  # the log is appended to; this run's lines start here
 
     @classmethod
-    def start(cls, env: Mapping[str, str], log_path: Path) -> WorkerProcess:
-        """Start a worker with ``env``'s PIPELINE_* variables replacing the caller's."""
+    def start(
+        cls, env: Mapping[str, str], log_path: Path, *, app: str = "pipeline.app"
+    ) -> WorkerProcess:
+        """Start ``faust -A <app> worker`` with ``env``'s PIPELINE_* variables replacing
+        the caller's."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
         full_env.update(env)
         with open(log_path, "ab") as log:
             start = log.tell()
             proc = subprocess.Popen(
-                [FAUST, "-A", "pipeline.app", "worker", "-l", "info"],
+                [FAUST, "-A", app, "worker", "-l", "info"],
                 env=full_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -22,8 +22,6 @@ windows of 256, batched at the best of a few sizes, no Kafka.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +32,7 @@ from pipeline.bench.drive import Collector
 from pipeline.bench.stats import ProcProbe, Samples, scrape
 from pipeline.security import client_config
 from pipeline.settings import LANES, ModelSettings, Settings
-from pipeline.supervise import FAUST, WorkerProcess, free_port
+from pipeline.supervise import WorkerProcess, free_port
 from pipeline.topics import create_topics
 
 __all__ = ["WORKER_MODES", "Deployment", "mode_env", "run_raw", "start_worker"]
@@ -174,20 +172,7 @@ class Deployment:
 
 def start_worker(app: str, env: Mapping[str, str], log_path: Path) -> WorkerProcess:
     """``faust -A <app> worker`` with ``env``'s PIPELINE_* variables replacing ours."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    full_env.update(env)
-    with open(log_path, "ab") as log:
-        start = log.tell()
-        proc = subprocess.Popen(
-            [FAUST, "-A", app, "worker", "-l", "info"],
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    return WorkerProcess(proc=proc, log_path=log_path, log_start=start)
+    return WorkerProcess.start(env, log_path, app=app)
 
 
 def wait_group_settled(settings: Settings, members: int, *, timeout_s: float) -> None:
