@@ -12,6 +12,9 @@ admitted but not started (named by the caller) and wakes every waiter of
 first abandoned one on can no longer be released in this assignment: their
 tokens are returned so the caller can tell Faust to stop waiting for them;
 their offsets stay uncommitted and are read again by the partition's next owner.
+Until the partition is forgotten (revoked), :meth:`Admission.admit` refuses its
+later records too: behind an abandoned offset they could never be released,
+and Faust would wait for them forever.
 
 Pure: no Faust, no Kafka; the clock is injected.
 """
@@ -64,6 +67,7 @@ class Admission(Generic[T]):
         self._room = {lane: asyncio.Event() for lane in self._lanes}
         self._held: dict[tuple[Hashable, int], _Held] = {}  # in admission order
         self._epoch = 0
+        self._abandoned: set[Hashable] = set()  # given up on, not yet forgotten
 
     # -- bounds ---------------------------------------------------------------
 
@@ -81,11 +85,13 @@ class Admission(Generic[T]):
         commit by a rebalance) is forgotten first: what was held is read again.
         """
         epoch = self._epoch
+        if partition in self._abandoned:
+            return False
         while not self.has_room(lane, size):
             room = self._room[lane]
             room.clear()
             await room.wait()
-            if self._epoch != epoch:
+            if self._epoch != epoch or partition in self._abandoned:
                 return False
         try:
             self.watermark.track(partition, offset, token)
@@ -124,6 +130,7 @@ class Admission(Generic[T]):
             if (partition, offset) in self._held:
                 first[partition] = min(offset, first.get(partition, offset))
                 self._unhold(partition, offset)
+        self._abandoned.update(first)
         stranded: list[T] = []
         for partition, low in first.items():
             stranded.extend(self.watermark.tokens_from(partition, low))
@@ -133,6 +140,7 @@ class Admission(Generic[T]):
         """The partition was revoked (or rewound): drop what it held; return how many."""
         for key in [k for k in self._held if k[0] == partition]:
             self._unhold(*key)
+        self._abandoned.discard(partition)
         return self.watermark.forget(partition)
 
     # -- gauges -----------------------------------------------------------------

@@ -103,6 +103,25 @@ def test_giving_up_wakes_waiters_and_strands_everything_after_the_first_unstarte
     assert adm.forget("p") == 3  # 2, 3 and 4 were never released: read again
 
 
+def test_after_giving_up_a_partition_takes_nothing_more_until_it_is_forgotten() -> None:
+    """A record of a given-up partition arriving after the give-up (Faust delivers what
+    it buffered until it suspends its streams) could never be released behind the
+    abandoned offset: it is refused, so the caller tells Faust not to wait for it."""
+    adm = _admission()
+
+    async def scenario() -> list[bool]:
+        await adm.admit("bulk", "p", 0, 1, "p0")
+        await adm.admit("bulk", "q", 0, 1, "q0")
+        adm.give_up([("p", 0)])
+        late = await adm.admit("bulk", "p", 1, 1, "p1")
+        other = await adm.admit("bulk", "q", 1, 1, "q1")
+        adm.forget("p")
+        again = await adm.admit("bulk", "p", 0, 1, "p0 again")
+        return [late, other, again]
+
+    assert asyncio.run(scenario()) == [False, True, True]
+
+
 def test_a_rewound_partition_starts_over_and_oldest_counts_from_admission() -> None:
     clock = _Clock()
     adm: Admission[str] = Admission(("bulk",), LaneBounds(10, 10**6), clock_ms=clock)

@@ -398,7 +398,8 @@ def test_missing_topics_and_unreachable_broker_fail_clearly(
     assert "ConfigurationError: dead-letter topic 'no.such.dlq' does not exist" in result.output
     result = runner.invoke(main, ["replay-dlq", "--to", "no.such.topic"], env=env)
     assert result.exit_code == 1
-    assert "topic 'no.such.topic' does not exist" in result.output
+    # --to is under the deployment's prefix, and the error names the prefixed topic.
+    assert f"topic '{unique_topics.prefix}no.such.topic' does not exist" in result.output
     # a dead letter whose original topic was deleted: dry-run reports it, a replay refuses
     _produce_dead_letters(settings, 1, "gone.topic")
     result = runner.invoke(main, ["replay-dlq", "--dry-run"], env=env)
