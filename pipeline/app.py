@@ -30,13 +30,12 @@ from pipeline.calibrate import calibrate
 from pipeline.continuity import Continuity
 from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
-from pipeline.faust_conf import consumer_conf
+from pipeline.faust_conf import app_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
 from pipeline.publish import Origin, Publisher
-from pipeline.security import faust_credentials
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
 from pipeline.start_offsets import StartOffsets
@@ -47,29 +46,17 @@ __all__ = ["app", "create_app", "settings"]
 log = logging.getLogger(__name__)
 
 
-def _broker_url(bootstrap: str) -> str:
-    return ";".join(f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip())
-
-
 def create_app(settings: Settings) -> faust.App:
     """Build the Faust app for ``settings``; nothing connects until the worker starts."""
     s = settings
     app = _App(
         s.worker.app_id,
         Worker=_worker_class(s),
-        broker=_broker_url(s.kafka.bootstrap_servers),
         broker_client_id=s.kafka.client_id,
-        broker_credentials=faust_credentials(s.kafka_security),
         store="rocksdb://",
-        datadir=s.worker.data_dir,
-        web_host=s.worker.web_host,
-        web_bind=s.worker.web_host,
-        web_port=s.worker.web_port,
-        topic_partitions=s.topics.partitions,
-        topic_replication_factor=s.topics.replication,
         producer_acks=-1,
         producer_linger=s.worker.producer_linger_ms / 1000,
-        **consumer_conf(s),
+        **app_conf(s),
     )
     lane_topics = {
         lane: app.topic(

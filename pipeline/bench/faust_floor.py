@@ -7,8 +7,9 @@ results topic: one ``produce`` per event and nothing else (no decoding, no
 store, no scheduler, no acks beyond Faust's own). Whatever the pipeline's noop
 mode costs above this is the pipeline's; the rest is Faust's.
 
-The consumer side is configured as the pipeline's worker is
-(:func:`pipeline.faust_conf.consumer_conf`), so both pay the same fetch path.
+The app is configured as the pipeline's worker is
+(:func:`pipeline.faust_conf.app_conf`), so both connect alike and pay the same
+fetch path.
 
 The bench's side (sending, counting what reaches the results topic) is
 :func:`pipeline.bench.phases.faust_floor`.
@@ -22,8 +23,8 @@ from typing import Any
 import faust
 from confluent_kafka import Producer
 
-from pipeline.faust_conf import consumer_conf
-from pipeline.security import client_config, faust_credentials
+from pipeline.faust_conf import app_conf
+from pipeline.security import client_config
 from pipeline.settings import LANES, Settings
 
 __all__ = ["create_floor_app"]
@@ -34,18 +35,7 @@ log = logging.getLogger(__name__)
 def create_floor_app(settings: Settings) -> faust.App:
     """The bare app: no table, no model, one raw agent per lane topic."""
     s = settings
-    app = faust.App(
-        s.worker.app_id,
-        broker=";".join(f"kafka://{h.strip()}" for h in s.kafka.bootstrap_servers.split(",")),
-        broker_credentials=faust_credentials(s.kafka_security),
-        datadir=s.worker.data_dir,
-        web_host=s.worker.web_host,
-        web_bind=s.worker.web_host,
-        web_port=s.worker.web_port,
-        topic_partitions=s.topics.partitions,
-        topic_replication_factor=s.topics.replication,
-        **consumer_conf(s),
-    )
+    app = faust.App(s.worker.app_id, **app_conf(s))
     out = Producer({**client_config(s), "acks": "all", "linger.ms": 5})
     results = s.topics.results_topic
 
