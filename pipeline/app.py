@@ -266,23 +266,12 @@ class _RuntimeHolder(Service):
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""
+        from pipeline.sampling import sample_once
+
         while True:
             await asyncio.sleep(self.settings.metrics.sample_interval_s)
             with contextlib.suppress(Exception):  # telemetry must never hurt the worker
-                sample = self.telemetry.sample() if self.telemetry is not None else None
-                if sample is not None:
-                    self.metrics.device(
-                        sample.utilization_pct / 100,
-                        sample.memory_used_bytes,
-                        sample.memory_total_bytes,
-                    )
-                consumer: Any = self.app.consumer
-                for tp in consumer.assignment():
-                    committed = faust_edge.committed(consumer, tp)
-                    highwater = consumer.highwater(tp)
-                    if committed is not None and highwater is not None:
-                        lag = max(0, highwater - committed)
-                        self.metrics.consumer_lag(tp.topic, tp.partition, lag)
+                sample_once(self.metrics, self.telemetry, self.app.consumer)
 
     async def on_stop(self) -> None:
         if self.stalls is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from harness import Deployment
 from prometheus_client.parser import text_string_to_metric_families
+from support.kafka import end_offsets
 from transformers import AutoTokenizer
 
 from pipeline.client import RequestProducer
@@ -43,7 +44,11 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
     dep = Deployment.create(kafka_bootstrap, tmp_path)
     port = free_port()
     texts = [f"metrics check text number {i}" for i in range(6)]
-    with dep.worker(PIPELINE_METRICS_PORT=str(port)), RequestProducer(dep.settings) as producer:
+    lanes = [dep.settings.topics.lane_topic(lane) for lane in ("realtime", "standard", "bulk")]
+    with (
+        dep.worker(PIPELINE_METRICS_PORT=str(port), PIPELINE_METRICS_SAMPLE_INTERVAL_S="0.2"),
+        RequestProducer(dep.settings) as producer,
+    ):
         for i, text in enumerate(texts):
             producer.send(text, lane=("realtime", "standard", "bulk")[i % 3])
         producer.send(texts[0], lane="bulk")  # a repeat: answered without the model
@@ -58,6 +63,20 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
                 break
             assert time.monotonic() < deadline, "results never counted"
             time.sleep(0.5)
+        # Consumer lag (pipeline/sampling.py): once the answered inputs are committed,
+        # every lane partition that got records reports a lag of 0.
+        with_records = {tp for tp, end in end_offsets(kafka_bootstrap, lanes).items() if end}
+        deadline = time.monotonic() + 30
+        while True:
+            lag = {
+                (dict(labels)["topic"], int(dict(labels)["partition"])): v
+                for (n, labels), v in _scrape(port).items()
+                if n == "pipeline_consumer_lag" and dict(labels)["topic"] in lanes
+            }
+            if with_records <= set(lag) and not any(lag.values()):
+                break
+            assert time.monotonic() < deadline, f"lane lag never read 0: {lag}, {with_records}"
+            time.sleep(0.2)
 
     assert _total(samples, "pipeline_requests_received_total") == len(texts) + 2
     for lane in ("realtime", "standard", "bulk"):
