@@ -56,11 +56,17 @@ class Admission(Generic[T]):
     """Per-lane bounds and the offset watermark (see the module's promise)."""
 
     def __init__(
-        self, lanes: Iterable[str], bounds: LaneBounds, *, clock_ms: Callable[[], int]
+        self,
+        lanes: Iterable[str],
+        bounds: LaneBounds,
+        *,
+        clock_ms: Callable[[], int],
+        on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.bounds = bounds
         self.watermark: OffsetWatermark[T] = OffsetWatermark()
         self._clock_ms = clock_ms
+        self._on_room = on_room  # called whenever a lane frees room
         self._lanes = tuple(lanes)
         self._records = dict.fromkeys(self._lanes, 0)
         self._bytes = dict.fromkeys(self._lanes, 0)
@@ -93,6 +99,13 @@ class Admission(Generic[T]):
             await room.wait()
             if self._epoch != epoch or partition in self._abandoned:
                 return False
+        return self.hold(lane, partition, offset, size, token)
+
+    def hold(self, lane: str, partition: Hashable, offset: int, size: int, token: T) -> bool:
+        """Hold the input now, room or not (the caller asked :meth:`has_room`); False
+        (not held) when its partition was given up and not yet forgotten."""
+        if partition in self._abandoned:
+            return False
         try:
             self.watermark.track(partition, offset, token)
         except ValueError:
@@ -115,6 +128,7 @@ class Admission(Generic[T]):
         self._records[held.lane] -= 1
         self._bytes[held.lane] -= held.size
         self._room[held.lane].set()
+        self._on_room()
 
     # -- rebalances -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pipeline.admission import Admission, LaneBounds
 from pipeline.codec import result_codec
@@ -34,7 +34,17 @@ __all__ = ["Answers", "Incoming", "Work"]
 log = logging.getLogger(__name__)
 
 AckFn = Callable[[Any], Awaitable[None]]
-StoreFn = Callable[[Any, Callable[[], None]], None]
+R = TypeVar("R")
+
+
+class StoreFn(Protocol):
+    """Runs a dedupe write for the input with this token (into its partition's store)."""
+
+    def __call__(self, token: Any, fn: Callable[[], R], /) -> R: ...
+
+
+def _in_any_partition(token: Any, fn: Callable[[], R]) -> R:
+    return fn()
 
 
 @dataclass
@@ -80,6 +90,7 @@ class Answers:
         clock_ms: Callable[[], int],
         stored: StoredResults | None = None,
         store_in_context: StoreFn | None = None,
+        on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -88,25 +99,31 @@ class Answers:
         self.stored = stored
         self._ack = ack
         self._clock_ms = clock_ms
-        self._store_in_context = store_in_context or (lambda token, fn: fn())
+        self.in_partition: StoreFn = store_in_context or _in_any_partition
         # Per lane, so a flooded bulk lane never blocks realtime intake.
         self.admission: Admission[Any] = Admission(
             LANES,
             LaneBounds(settings.batch.max_inflight, settings.batch.max_inflight_bytes),
             clock_ms=clock_ms,
+            on_room=on_room,
         )
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
 
-    async def accept(self, incoming: Incoming) -> bool:
-        """Take an input on: wait for room in its lane (records and bytes), then track
-        its offset. False when a rebalance gave up waiting inputs meanwhile: the input
-        is not this worker's to answer any more."""
+    def has_room(self, lane: str, size: int) -> bool:
+        """Whether ``lane`` holds few enough inputs (records and bytes) to take one more
+        of ``size`` bytes."""
+        return self.admission.has_room(lane, size)
+
+    def accept(self, incoming: Incoming) -> bool:
+        """Take an input on and track its offset (the caller asked :meth:`has_room`).
+        False when its partition was given up by a rebalance: the input is not this
+        worker's to answer any more."""
         origin = incoming.origin
         size = len(origin.value or b"") + len(origin.key or b"")
         tp = (origin.topic, origin.partition)
-        if not await self.admission.admit(incoming.lane, tp, origin.offset, size, incoming.token):
+        if not self.admission.hold(incoming.lane, tp, origin.offset, size, incoming.token):
             return False
         self.counters["received"] += 1
         self.metrics.arrived(incoming.lane)
@@ -167,9 +184,7 @@ class Answers:
             try:
                 if self.stored is not None and leader.storable and leader.model is None:
                     stored, dedupe_key = self.stored, work.request.dedupe_key
-                    self._store_in_context(
-                        work.incoming.token, lambda: stored.put(dedupe_key, value)
-                    )
+                    self.in_partition(work.incoming.token, lambda: stored.put(dedupe_key, value))
             except Exception as exc:
                 # The result is out, but the store is broken (a full disk, say): stop the
                 # worker loudly with the input unreleased; it is delivered again after a

@@ -3,9 +3,13 @@
     faust -A pipeline.app worker -l info
 
 This is the one place that knows the order of the stages; the stages
-themselves live in their own modules and know nothing of Faust. Values arrive
-as raw bytes and are decoded inside the agent, so no input can make Faust ack
-a record before its result or dead letter exists (docs/design.md, delivery rules).
+themselves live in their own modules and know nothing of Faust. The lane
+topics are subscribed through Faust, but their records are taken from each
+fetch in one batch (:mod:`pipeline.faust_edge`) into a lane buffer, and the
+lane reader feeds them to the runtime, realtime first (docs/design.md,
+"Intake in batches"). Values arrive as raw bytes and are decoded by the
+runtime, so no input can make Faust ack a record before its result or dead
+letter exists (docs/design.md, delivery rules).
 """
 
 from __future__ import annotations
@@ -25,21 +29,24 @@ import faust
 from mode import Service
 
 from pipeline import faust_edge
+from pipeline.admission import LaneBounds
 from pipeline.answer_producer import AnswerProducer
 from pipeline.calibrate import calibrate
-from pipeline.continuity import Continuity
 from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
 from pipeline.faust_conf import app_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
+from pipeline.lane_buffer import LaneBuffer
+from pipeline.lane_reader import Consumer as ReaderConsumer
+from pipeline.lane_reader import LaneReader
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
-from pipeline.publish import Origin, Publisher
+from pipeline.publish import Publisher
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
 from pipeline.start_offsets import StartOffsets
-from pipeline.worker import Incoming, Runtime, wall_ms
+from pipeline.worker import Runtime, wall_ms
 
 __all__ = ["app", "create_app", "settings"]
 
@@ -78,23 +85,25 @@ def create_app(settings: Settings) -> faust.App:
         # compact,delete: entries past the TTL are never served, so they leave the changelog.
         extra_topic_configs=changelog_config(s.dedupe.ttl_s),
     )
-    holder = _RuntimeHolder(app, s, table)
+    lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}
+    holder = _RuntimeHolder(app, s, table, lane_of_topic)
     app.rebalance_hooks.append(holder.on_rebalance_start)
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
-    for lane, topic in lane_topics.items():
-        app.agent(topic, name=f"pipeline.lane.{lane}")(_lane_agent(lane, holder))
+    for topic in lane_topics.values():
+        app.topics.add(topic)  # subscribed (and acked) through Faust; read by the lane reader
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _forget_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # Faust commits the acked prefix before this; the rest is redelivered
         # to whoever gets the partition, so stop tracking it here.
-        for tp in revoked:
-            holder.continuity.forget(tp)
+        lanes = [tp for tp in revoked if tp.topic in lane_of_topic]
+        holder.reader.revoked(lanes)
+        for tp in lanes:
             holder.start_offsets.forget((tp.topic, tp.partition))
             if holder.runtime is not None:
                 holder.runtime.forget_partition(tp.topic, tp.partition)
 
-    lane_names = frozenset(topic.get_topic_name() for topic in lane_topics.values())
+    lane_names = frozenset(lane_of_topic)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _look_up_starts(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -102,7 +111,7 @@ def create_app(settings: Settings) -> faust.App:
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
-    faust_edge.install(lane_names)
+    faust_edge.install(lane_names, holder.buffer.put)
 
     return app
 
@@ -153,7 +162,9 @@ class _App(faust.App):
 class _RuntimeHolder(Service):
     """Loads the model and runs the batch loop for the life of the worker."""
 
-    def __init__(self, app: faust.App, settings: Settings, table: Any) -> None:
+    def __init__(
+        self, app: faust.App, settings: Settings, table: Any, lane_of_topic: dict[str, str]
+    ) -> None:
         self.app = app
         self.settings = settings
         self.table = table
@@ -168,15 +179,38 @@ class _RuntimeHolder(Service):
         self.answer_producer: AnswerProducer | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
-        self.continuity = Continuity()
         self.start_offsets = StartOffsets(settings)
+        # app.consumer is made when the worker starts: look it up at each call.
+        self.buffer = LaneBuffer(
+            lane_of_topic,
+            LaneBounds(settings.batch.stream_buffer, settings.batch.max_inflight_bytes),
+            pause=lambda tp: faust_edge.pause_fetch(app.consumer, tp),
+            resume=lambda tp: faust_edge.resume_fetch(app.consumer, tp),
+        )
+        self.reader = LaneReader(
+            self.buffer,
+            lane_of_topic,
+            ReaderConsumer(
+                seek=lambda tp, offset: app.consumer.seek(tp, offset),  # noqa: PLW0108
+                add_gap=lambda tp, low, high: faust_edge.add_gap(app.consumer, tp, low, high),
+                forget=lambda records: faust_edge.forget(app.consumer, records),
+                start_offset=self.start_offsets.get,
+            ),
+        )
+        self.continuity = self.reader.continuity
         super().__init__()
 
     def on_rebalance_start(self) -> None:
         """Called on the consumer's thread: hand the give-up to the worker's loop."""
-        loop, runtime = self._loop, self.runtime
-        if loop is not None and runtime is not None:
-            loop.call_soon_threadsafe(runtime.give_up_unstarted)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._give_up_unstarted)
+
+    def _give_up_unstarted(self) -> None:
+        if self.runtime is not None:
+            self.runtime.give_up_unstarted()
+        dropped = self.reader.give_up()
+        if dropped:
+            log.info("rebalance: %d buffered lane records dropped (read again after it)", dropped)
 
     async def on_start(self) -> None:
         s = self.settings
@@ -213,16 +247,15 @@ class _RuntimeHolder(Service):
             s,
             engine=self.engine,
             publisher=publisher,
-            ack=faust_edge.release,
+            ack=faust_edge.releaser(lambda: self.app.consumer),
             stored=stored,
-            store_in_context=faust_edge.in_event_context,
+            store_in_context=faust_edge.in_partition_of,
             metrics=self.metrics,
             fallback=fallback,
             fallback_model=fallback_model,
-            forget=lambda tokens: faust_edge.forget(
-                self.app.consumer, [event.message for _stream, event in tokens]
-            ),
+            forget=lambda tokens: faust_edge.forget(self.app.consumer, tokens),
             keys=model.keys,
+            on_room=self.reader.wake,
         )
         await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
         # A full collection walks every tracked object: with torch, transformers and Faust
@@ -233,6 +266,7 @@ class _RuntimeHolder(Service):
         gc.freeze()
         log.info("garbage collector: %d start-up objects frozen", gc.get_freeze_count())
         self.add_future(self.runtime.run())
+        self.add_future(self.reader.run(self.runtime))
         self.add_future(self.runtime.housekeeping())
         self.add_future(self._sample_device())
         self.add_future(self.stalls.run())
@@ -304,64 +338,6 @@ class _RuntimeHolder(Service):
         if root is not None and hasattr(root, "crash_reason"):
             root.crash_reason = failure  # mode's Worker re-raises it: a non-zero exit
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _lane_agent(lane: str, holder: _RuntimeHolder) -> Callable[[Any], Any]:
-    async def consume(stream: Any) -> None:
-        await holder.ready.wait()
-        runtime = holder.runtime
-        assert runtime is not None
-        manual = stream.noack()
-        async for event in manual.events():
-            msg = event.message
-            if not holder.continuity.knows(msg.tp):
-                start = await holder.start_offsets.get((msg.topic, msg.partition))
-                if start is None:  # revoked while its start was looked up: not ours
-                    faust_edge.forget(holder.app.consumer, [msg])
-                    continue
-                holder.continuity.start_at(msg.tp, start)
-            verdict = holder.continuity.check(msg.tp, msg.offset)
-            if verdict.seek_to is not None:
-                log.error(
-                    "%s[%d]: records %d..%d were skipped by the consumer; reading them again",
-                    msg.topic,
-                    msg.partition,
-                    verdict.seek_to,
-                    msg.offset - 1,
-                )
-                await holder.app.consumer.seek(msg.tp, verdict.seek_to)
-            if verdict.accepted_hole is not None:
-                low, high = verdict.accepted_hole
-                log.warning(
-                    "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
-                    msg.topic,
-                    msg.partition,
-                    low,
-                    high,
-                )
-                await faust_edge.add_gap(holder.app.consumer, msg.tp, low, high)
-            if not verdict.process:
-                # Not answered here (a second copy, or buffered before a seek): Faust
-                # must stop waiting for its ack, or a stopping worker waits forever.
-                faust_edge.forget(holder.app.consumer, [msg])
-                continue
-            incoming = Incoming(
-                lane=lane,
-                origin=Origin(
-                    topic=msg.topic,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                    timestamp_ms=int((msg.timestamp or 0) * 1000),
-                    key=msg.key,
-                    value=msg.value,
-                ),
-                token=(manual, event),
-            )
-            if not await runtime.submit(incoming):  # a rebalance started: not ours
-                faust_edge.forget(holder.app.consumer, [msg])
-
-    consume.__name__ = f"{lane}_lane"
-    return consume
 
 
 def use_event_loop(kind: str) -> None:

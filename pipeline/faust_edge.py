@@ -3,18 +3,21 @@
 The worker needs a few things Faust's public API does not offer; each is
 made here, and nowhere else:
 
-- lane offsets skipped by the consumer are not "gaps" that count as acked,
-  and lane records sought back for are not dropped (:func:`install`, see
-  ``continuity.py`` for why);
-- a lane offset is acked to Faust only once the pipeline's own watermark
-  released it (:func:`release`): Faust also acks events its streams skip
-  while flow control is suspended, even on ``noack()`` streams, and after a
-  revoke it forgets the committed offset that keeps its commit from jumping
-  ahead; either would let a commit pass an input nobody answered;
-- a record the agent passes over is dropped from Faust's unacked set, so a
+- lane records are taken from each fetch as one batch, below Faust's
+  per-event streams (:func:`install`): a bare Faust agent (raw bytes in, one
+  produce per event) tops out at a few thousand events/s on this kind of
+  machine, most of it spent building, queueing and delivering an event per
+  record (docs/design.md, "Intake in batches"). So no lane record meets
+  Faust's fetch loop, its streams or their acks: Faust's per-record
+  "read offset" drops and "gap" acks (continuity.py tells what those did to
+  lane offsets before) never touch one, and a lane offset is acked to Faust
+  only when the pipeline's watermark released it (:func:`releaser`);
+- a hole the consumer really has (offsets that do not exist) is let through
+  to Faust's commit explicitly (:func:`add_gap`);
+- a record the reader passes over is dropped from Faust's unacked set, so a
   stopping worker does not wait for it (:func:`forget`);
-- table writes run in a record's event context, so the changelog record goes
-  to the record's partition (:func:`in_event_context`);
+- a dedupe write names the partition of its record, so the changelog record
+  goes to that partition (:func:`in_partition_of`);
 - the consumer's committed offsets, for the lag metric (:func:`committed`);
 - the dedupe table is written into its local store directly and its changelog
   records go out through the worker's librdkafka producer
@@ -31,17 +34,22 @@ stops the worker with one line before it joins the consumer group.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.metadata
 import inspect
 import logging
-import weakref
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from types import ModuleType
-from typing import Any
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    MutableMapping,
+)
+from typing import Any, TypeVar
 
-import faust.streams
 from faust.transport.consumer import Consumer
+from faust.types import TP
 
 from pipeline.errors import ConfigurationError
 
@@ -52,9 +60,11 @@ __all__ = [
     "check",
     "committed",
     "forget",
-    "in_event_context",
+    "in_partition_of",
     "install",
-    "release",
+    "pause_fetch",
+    "releaser",
+    "resume_fetch",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,22 +73,18 @@ log = logging.getLogger(__name__)
 TESTED_FAUST = "0.15.3"
 
 #: Instance attributes of ``faust.transport.consumer.Consumer`` used here.
-_CONSUMER_STATE = ("_read_offset", "_committed_offset", "_unacked_messages")
+_CONSUMER_STATE = ("_committed_offset", "_unacked_messages")
 #: Methods of ``Consumer`` replaced or called here.
-_CONSUMER_METHODS = ("_add_gap", "ack", "seek", "unacked")
+_CONSUMER_METHODS = ("_add_gap", "ack", "getmany", "seek", "unacked")
 
 # Looked up softly: a Faust without them must reach check()'s one-line refusal.
 _ORIGINAL_ADD_GAP: Any = getattr(Consumer, "_add_gap", None)
-_ORIGINAL_ACK: Any = getattr(Consumer, "ack", None)
-
-#: Lane messages the watermark released; only these may be acked to Faust.
-_RELEASED: weakref.WeakSet[Any] = weakref.WeakSet()
+_ORIGINAL_GETMANY: Any = getattr(Consumer, "getmany", None)
 
 
 def check(
     version: str | None = None,
     consumer: type = Consumer,
-    streams: ModuleType = faust.streams,
     store: type | None = None,
 ) -> None:
     """Raise ConfigurationError (one line) unless Faust is the tested release and has
@@ -98,10 +104,9 @@ def check(
     except (KeyError, OSError, TypeError):
         init = ""
     missing += [f"Consumer.{name}" for name in _CONSUMER_STATE if f"self.{name}" not in init]
-    if not hasattr(streams, "_current_event"):
-        missing.append("faust.streams._current_event")
-    if not hasattr(store, "set_persisted_offset"):
-        missing.append("faust.stores.rocksdb.Store.set_persisted_offset")
+    for name in ("set_persisted_offset", "_db_for_partition"):
+        if not hasattr(store, name):
+            missing.append(f"faust.stores.rocksdb.Store.{name}")
     if missing:
         raise ConfigurationError(
             f"faust-streaming {found} lacks {', '.join(missing)}, which the worker relies on "
@@ -109,61 +114,59 @@ def check(
         )
 
 
-def install(lane_topics: frozenset[str]) -> None:
+def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> None:
     """Patch Faust's consumer for ``lane_topics`` (see the module's promise).
 
-    Gaps: Faust fills a jump in offsets with a "gap" that counts as acked and
-    is committed past; on the lane topics a jump means records were skipped
-    (see continuity.py), so the jump must hold the commit back instead. Real
-    holes are added explicitly by the agent once confirmed (:func:`add_gap`).
-
-    Read offsets: Faust drops a fetched record below the partition's "read
-    offset". A seek lowers that offset, but the fetch loop raises it again
-    when it resumes after handing over the record that prompted the seek, so
-    the records sought back for were dropped once more: the partition stalled,
-    or the hole passed for real and was committed past (the fault tests saw
-    both). On the lane topics no record is dropped this way; the agent judges
-    offsets itself.
-
-    Acks: on the lane topics Faust's ``ack`` accepts only messages passed to
-    :func:`release`; every other ack (a skipped event's, say) is refused and
-    leaves the message unacked, so it is committed only once answered.
+    Batches: ``Consumer.getmany`` hands each fetch's lane records to ``sink``
+    in one call (in the consumer's order, after its own checks: flow control,
+    generation, active partitions), already tracked as unacked, so a revoke
+    waits for them until they are released or forgotten. Only the other
+    topics' records (the table's changelog) go on to Faust's conductor and
+    streams.
     """
 
-    async def add_gap_outside_lanes(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        if tp.topic in lane_topics:
-            return
-        await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
+    async def getmany_lanes_aside(
+        self: Any,
+        timeout: float,  # noqa: ASYNC109  # Faust's own signature
+    ) -> AsyncIterator[tuple[Any, Any]]:
+        lane_records: list[Any] = []
+        try:
+            async for tp, message in _ORIGINAL_GETMANY(self, timeout):
+                if tp.topic in lane_topics:
+                    lane_records.append(message)
+                else:
+                    yield tp, message
+        finally:
+            if lane_records:
+                self._unacked_messages.update(lane_records)
+                sink(lane_records)
 
-    class ReadOffsets(defaultdict[Any, int | None]):
-        def __getitem__(self, tp: Any) -> int | None:
-            return None if tp.topic in lane_topics else super().__getitem__(tp)
-
-    def set_read_offsets(self: Any, offsets: Any) -> None:
-        self.__dict__["_read_offset"] = ReadOffsets(lambda: None, offsets)
-
-    def ack_released_only(self: Any, message: Any) -> bool:
-        if message.topic in lane_topics and message not in _RELEASED:
-            return False
-        return bool(_ORIGINAL_ACK(self, message))
-
-    Consumer._add_gap = add_gap_outside_lanes  # type: ignore[method-assign]
-    Consumer._read_offset = property(  # type: ignore[assignment]
-        lambda self: self.__dict__["_read_offset"], set_read_offsets
-    )
-    Consumer.ack = ack_released_only  # type: ignore[method-assign]
+    Consumer.getmany = getmany_lanes_aside  # type: ignore[method-assign]
 
 
-async def release(token: Any) -> None:
-    """Ack an input the watermark released: ``token`` is the agent's (stream, event)."""
-    stream, event = token
-    _RELEASED.add(event.message)
-    await stream.ack(event)
+def releaser(consumer_of: Callable[[], Any]) -> Callable[[Any], Awaitable[None]]:
+    """The ack of an input the watermark released (its token is the Faust message)."""
+
+    async def release(message: Any) -> None:
+        consumer_of().ack(message)
+
+    return release
 
 
 async def add_gap(consumer: Any, tp: Any, offset_from: int, offset_to: int) -> None:
     """Let Faust commit past offsets ``offset_from..offset_to`` that do not exist."""
     await _ORIGINAL_ADD_GAP(consumer, tp, offset_from, offset_to)
+
+
+def pause_fetch(consumer: Any, tp: Any) -> None:
+    """Stop fetching ``tp`` until :func:`resume_fetch` (Faust's flow control for a full
+    stream buffer; records already fetched are still delivered)."""
+    consumer.on_buffer_full(TP(tp.topic, tp.partition))
+
+
+def resume_fetch(consumer: Any, tp: Any) -> None:
+    """Fetch ``tp`` again (a message's ``tp`` may be aiokafka's: Faust wants its own)."""
+    consumer.on_buffer_drop(TP(tp.topic, tp.partition))
 
 
 def forget(consumer: Any, messages: Iterable[Any]) -> None:
@@ -173,15 +176,23 @@ def forget(consumer: Any, messages: Iterable[Any]) -> None:
         consumer.unacked.discard(message)
 
 
-def in_event_context(token: Any, fn: Callable[[], None]) -> None:
-    """Run a table write as if inside the event's stream, so the changelog
-    record goes to the event's partition (Faust reads it from a context var)."""
-    _stream, event = token
-    reset = faust.streams._current_event.set(weakref.ref(event))
+#: The partition a :class:`ChangelogStore` write is for (:func:`in_partition_of`).
+_PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "dedupe_partition", default=None
+)
+
+R = TypeVar("R")
+
+
+def in_partition_of(token: Any, fn: Callable[[], R]) -> R:
+    """Run a dedupe write for the input whose token (Faust message) is ``token``: the
+    entry goes to the input's partition of the store, and its changelog record to
+    that partition of the changelog."""
+    reset = _PARTITION.set(int(token.partition))
     try:
-        fn()
+        return fn()
     finally:
-        faust.streams._current_event.reset(reset)
+        _PARTITION.reset(reset)
 
 
 def committed(consumer: Any, tp: Any) -> int | None:
@@ -199,8 +210,8 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     """A Faust table's local RocksDB store, with its changelog written by ``send``.
 
     Reads and writes go to ``table.data`` (the store Faust restores from the
-    changelog on assignment); a write, made in a record's event context (see
-    :func:`in_event_context`), also sends ``(key, value)`` to the table's
+    changelog on assignment); a write, made for a record (see
+    :func:`in_partition_of`), also sends ``(key, value)`` to the table's
     changelog topic, on the record's partition, exactly as Faust would (raw
     key and value bytes), so Faust's recovery reads it back. The send is not
     awaited: a changelog record lost in a crash only costs a recomputation on
@@ -217,17 +228,21 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         self.failures = 0
 
     def __getitem__(self, key: bytes) -> bytes:
-        return self._data[key]  # type: ignore[no-any-return]
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value  # type: ignore[no-any-return]
 
     def get(self, key: bytes, default: Any = None) -> Any:
+        """Looks in every partition's store held here (a text may be stored under
+        another partition's input: the key partitions by the exact text)."""
         return self._data.get(key, default)
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
-        event = faust.streams.current_event()
-        if event is None:
-            raise RuntimeError("a dedupe entry is written in its record's event context")
-        partition = int(event.message.partition)
-        self._data[key] = value
+        partition = _PARTITION.get()
+        if partition is None:
+            raise RuntimeError("a dedupe entry is written for a record (in_partition_of)")
+        self._data._db_for_partition(partition).put(key, value)
         try:
             fut = self._send(self._topic, key, value, partition)
         except BufferError:
@@ -257,8 +272,6 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
 
     def flush_offsets(self) -> None:
         """Record the changelog offsets delivered so far as the store's persisted ones."""
-        from faust.types import TP
-
         delivered, self._delivered = self._delivered, {}
         for partition, offset in delivered.items():
             self._data.set_persisted_offset(TP(self._topic, partition), offset)

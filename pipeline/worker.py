@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,6 +66,7 @@ class Runtime:
         clock_ms: Callable[[], int] = wall_ms,
         forget: Callable[[list[Any]], None] | None = None,
         keys: Callable[[str], str] | None = None,
+        on_room: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -94,6 +96,7 @@ class Runtime:
             clock_ms=clock_ms,
             stored=self.stored,
             store_in_context=store_in_context,
+            on_room=self._room_freed,
         )
         self.compute = Compute(
             settings,
@@ -109,12 +112,14 @@ class Runtime:
             spawn=self._spawn,
             serve_stored=self._serve_stored,
         )
-        self._open = {lane: asyncio.Event() for lane in LANES}  # set while not paused
-        for gate in self._open.values():
-            gate.set()
         self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
-        self.paused: set[str] = set()  # lanes paused now, for any reason
-        self._room = {lane: asyncio.Event() for lane in LANES}
+        self.paused: set[str] = set()  # lanes paused now, for any reason: take none
+        # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
+        self._parked: dict[str, deque[Item[Work]]] = {lane: deque() for lane in LANES}
+        self._room_changed = asyncio.Event()
+        self._on_room = on_room or (lambda: None)
+        self._lane_deadline_ms = {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES}
+        self._max_tokens = settings.model.max_length
         self._wake = asyncio.Event()
         # A batch is formed at the last moment (late realtime requests get in and
         # the deadline predictions stay true): with a hand-over lead, when the
@@ -129,7 +134,6 @@ class Runtime:
         # Giving up on a rebalance: tokens Faust must stop waiting for go to ``forget``;
         # work parked for room in a full lane queue is unstarted too.
         self._forget = forget or (lambda tokens: None)
-        self._parked_work: dict[int, Work] = {}
         self._epoch = 0
         self._giving_up = asyncio.Event()
         self._budget_changes = (0.0, 0.0)
@@ -140,27 +144,30 @@ class Runtime:
 
     # -- intake ---------------------------------------------------------------
 
-    async def submit(self, incoming: Incoming) -> bool:
-        """Accept one consumed record; waits (backpressure) while its lane is paused or
-        has too much in flight. False when a rebalance started meanwhile
-        (:meth:`give_up_unstarted`): the record was not taken on, and the caller must
-        tell Faust not to wait for it.
+    def has_room(self, lane: str, size: int) -> bool:
+        """Whether :meth:`take` may take a record of ``lane`` with ``size`` bytes now: the
+        lane is not paused, none of its work waits for queue room, and it holds few
+        enough inputs (records and bytes)."""
+        return (
+            lane not in self.paused and not self._parked[lane] and self.answers.has_room(lane, size)
+        )
 
-        Must be called in offset order per partition, from the consuming
-        context (stored-result lookups read the partition's table there).
+    def take(self, incoming: Incoming) -> bool:
+        """Take one consumed record on, at once (the caller asked :meth:`has_room`):
+        decode and validate it, look its result up in the store, queue it for a batch.
+        False when its partition was given up by a rebalance (:meth:`give_up_unstarted`):
+        the record was not taken on, and the caller must tell Faust not to wait for it.
+
+        Must be called in offset order per partition.
         """
-        epoch = self._epoch
-        gate = self._open[incoming.lane]
-        if not gate.is_set() and not await self._until_set(gate, epoch):
-            return False
-        if not await self.answers.accept(incoming):
+        if not self.answers.accept(incoming):
             return False
         now = self._clock_ms()
         try:
             request = parse(
                 incoming.origin.value,
                 lane=incoming.lane,
-                lane_deadline_ms=self.settings.worker.lane_deadline_ms(incoming.lane),
+                lane_deadline_ms=self._lane_deadline_ms[incoming.lane],
                 model_id=self.model_id,
                 limits=self.settings.validation,
                 received_at_ms=now,
@@ -171,12 +178,27 @@ class Runtime:
             self._spawn(self.answers.dead_letter(incoming, exc, 1, rid))
             return True
         work = Work(incoming=incoming, request=request, arrived_ms=now)
-        stored = self.stored.get(request.dedupe_key) if self.stored else None
+        # Every partition's store this worker holds: a text can be stored under another
+        # partition's input (the key partitions by the exact text, dedupe is looser).
+        stored = self.stored.get(request.dedupe_key) if self.stored is not None else None
         if stored is not None:
             self._spawn(self._serve_stored(work, stored))
             return True
-        await self._enqueue(work)
+        self._offer(work)
         return True
+
+    async def submit(self, incoming: Incoming) -> bool:
+        """:meth:`take`, waiting first (backpressure) while the record's lane is paused or
+        full: the per-record form, for callers without a buffer of their own. False when
+        a rebalance gave up waiting work meanwhile, or refused the record's partition."""
+        epoch = self._epoch
+        origin = incoming.origin
+        size = len(origin.value or b"") + len(origin.key or b"")
+        while not self.has_room(incoming.lane, size):
+            self._room_changed.clear()
+            if not await self._until_set(self._room_changed, epoch):
+                return False
+        return self.take(incoming)
 
     async def _until_set(self, event: asyncio.Event, epoch: int) -> bool:
         """Wait for ``event``; False if a rebalance gave up waiting work meanwhile."""
@@ -191,35 +213,44 @@ class Runtime:
                 w.cancel()
         return self._epoch == epoch
 
+    def _room_freed(self) -> None:
+        """A lane may take records again: wake whoever feeds the runtime."""
+        self._room_changed.set()
+        self._on_room()
+
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
             work.stored_unusable = True  # unreadable or another version's: compute afresh
-            await self._enqueue(work)
+            self._offer(work)
 
-    async def _enqueue(self, work: Work) -> None:
-        """Hand work to the scheduler; wait (with the lane paused) while its lane is full."""
+    def _offer(self, work: Work) -> None:
+        """Hand work to the scheduler; park it (and pause its lane) while its lane is full."""
         req = work.request
         # A cheap estimate (about four characters per token) is enough to bucket by length.
-        tokens = min(self.settings.model.max_length, len(req.text) // 4 + 2)
+        tokens = min(self._max_tokens, len(req.text) // 4 + 2)
         deadline = self.guard.deadline_ms(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
         item = Item(work, req.lane, deadline, work.arrived_ms, tokens)
-        epoch = self._epoch
-        while not self.scheduler.offer(item):
+        parked = self._parked[req.lane]
+        if parked or not self.scheduler.offer(item):
+            parked.append(item)
             self._apply_pauses()
-            self._room[req.lane].clear()
-            self._parked_work[id(work)] = work
-            try:
-                if not await self._until_set(self._room[req.lane], epoch):
-                    return  # given up on (give_up_unstarted): read again after the rebalance
-            finally:
-                self._parked_work.pop(id(work), None)
-        self._apply_pauses()
         self._wake.set()
+
+    def _unpark(self) -> None:
+        """Queue parked work, oldest first, while its lane has room."""
+        for parked in self._parked.values():
+            if not parked:
+                continue
+            while parked and self.scheduler.offer(parked[0]):
+                parked.popleft()
+            if not parked:
+                self._room_freed()
 
     def _apply_pauses(self) -> None:
         """Pause the lanes that full queues or load shedding want paused; resume the rest."""
+        self._unpark()
         for lane in self.scheduler.lanes_to_pause():
             self._queue_paused.add(lane)
         for lane in self.scheduler.lanes_to_resume():
@@ -228,19 +259,18 @@ class Runtime:
         for lane in reversed(LANES):  # realtime is paused last and resumed first
             if lane in want and lane not in self.paused:
                 self.paused.add(lane)
-                self._open[lane].clear()
                 self.metrics.paused(lane, True)
                 why = "queue at its bound" if lane in self._queue_paused else "load shedding"
                 log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
+        resumed = False
         for lane in LANES:
             if lane not in want and lane in self.paused:
                 self.paused.discard(lane)
-                self._open[lane].set()
                 self.metrics.paused(lane, False)
                 log.info("lane %s resumed", lane)
-        for lane, room in self._room.items():
-            if not self.scheduler.full(lane):
-                room.set()
+                resumed = True
+        if resumed:
+            self._room_freed()
 
     # -- batches --------------------------------------------------------------
 
@@ -340,8 +370,10 @@ class Runtime:
         many inputs were abandoned."""
         entries = list(self.scheduler.queues.all_entries())
         self.scheduler.queues.remove(entries)
-        unstarted = [e.item.payload for e in entries] + list(self._parked_work.values())
-        self._parked_work.clear()
+        unstarted = [e.item.payload for e in entries]
+        for parked in self._parked.values():
+            unstarted.extend(item.payload for item in parked)
+            parked.clear()
         self._epoch += 1
         giving_up, self._giving_up = self._giving_up, asyncio.Event()
         giving_up.set()

@@ -165,7 +165,7 @@ def test_a_request_past_its_deadline_when_its_batch_runs_is_dead_lettered_uncomp
             limits=rig.settings.validation,
             received_at_ms=rig.now,
         )
-        await rig.runtime.answers.accept(incoming)
+        assert rig.runtime.answers.accept(incoming)
         rig.now += 51  # the deadline passed while the batch waited for the model
         ran = await rig.runtime.compute.run_batch([Work(incoming, request, rig.now - 51)])
         assert ran is None  # nothing reached the model

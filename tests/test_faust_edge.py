@@ -1,4 +1,5 @@
-"""The Faust edge: the start-up check of the patched internals, and the lane ack filter.
+"""The Faust edge: the start-up check of the patched internals, the lane records taken
+from each fetch in one batch, their acks, and the dedupe store's partitions.
 
 Faust is patched globally by :func:`pipeline.faust_edge.install`, so every test that
 installs or imports ``pipeline.app`` runs in a subprocess and leaves this process alone.
@@ -10,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -69,9 +71,9 @@ def test_a_worker_with_a_patched_attribute_missing_stops_with_one_line() -> None
     assert lines[0].startswith("pipeline: ") and "Consumer._add_gap" in lines[0]
 
 
-def test_lane_offsets_are_acked_to_faust_only_once_released() -> None:
-    """Faust's own Consumer.ack (the one a skipped event's ack reaches) is refused for
-    a lane message until the watermark released it; other topics are untouched."""
+def test_a_released_lane_offset_is_acked_to_faust() -> None:
+    """The releaser hands a released input's message to Faust's own Consumer.ack, which
+    then counts its offset as committable (and stops waiting for it)."""
     done = _python(
         """
         import asyncio, json
@@ -79,37 +81,136 @@ def test_lane_offsets_are_acked_to_faust_only_once_released() -> None:
         from faust.types.tuples import TP, ConsumerMessage as Message
         from pipeline import faust_edge
 
-        faust_edge.install(frozenset({"lane"}))
+        faust_edge.install(frozenset({"lane"}), lambda records: None)
         app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
-        app.topics.acking_topics.update({"lane", "other"})  # as subscribed agents make them
+        app.topics.acking_topics.add("lane")  # as the subscribed lane topic makes it
         consumer = app.consumer
-
-        def message(topic, offset):
-            return Message(topic, 0, offset, 0.0, 0, None, b"k", b"v", None, tp=TP(topic, 0))
-
-        class Stream:
-            async def ack(self, event):
-                return event.message.ack(consumer)
-
-        class Event:
-            def __init__(self, msg):
-                self.message = msg
-
-        out = {}
-        skipped = message("lane", 5)
-        out["skipped_ack"] = skipped.ack(consumer)       # what Faust does for a skip
-        out["acked_after_skip"] = list(consumer._acked[TP("lane", 0)])
-        other = message("other", 3)
-        other.ack(consumer)
-        out["other_acked"] = other.acked
-        asyncio.run(faust_edge.release((Stream(), Event(skipped))))
-        out["acked_after_release"] = list(consumer._acked[TP("lane", 0)])
+        message = Message("lane", 0, 5, 0.0, 0, None, b"k", b"v", None, tp=TP("lane", 0))
+        consumer.unacked.add(message)
+        out = {"before": list(consumer._acked[TP("lane", 0)])}
+        asyncio.run(faust_edge.releaser(lambda: consumer)(message))
+        out["after"] = list(consumer._acked[TP("lane", 0)])
+        out["unacked"] = len(consumer.unacked)
         print(json.dumps(out))
         """
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["skipped_ack"] is False
-    assert out["acked_after_skip"] == []
-    assert out["other_acked"] is True
-    assert out["acked_after_release"] == [5]
+    assert out == {"before": [], "after": [5], "unacked": 0}
+
+
+def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
+    """Faust's own ``Consumer.getmany`` runs (flow control, generation, active partitions,
+    its round robin over partitions); the lane records of one fetch reach the sink in
+    one call, in each partition's offset order, tracked as unacked; the other topics'
+    records are yielded to Faust's fetch loop as before."""
+    done = _python(
+        """
+        import asyncio, json
+        from types import SimpleNamespace
+        import faust
+        from faust.types.tuples import TP
+        from pipeline import faust_edge
+
+        calls = []
+        faust_edge.install(frozenset({"lane"}), lambda records: calls.append(records))
+        app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
+        consumer = app.consumer
+
+        def record(topic, partition, offset):
+            return SimpleNamespace(
+                topic=topic, partition=partition, offset=offset, timestamp=1000,
+                timestamp_type=0, headers=[], key=b"k", value=b"v%d" % offset, checksum=None,
+                serialized_key_size=1, serialized_value_size=2,
+            )
+
+        fetched = {
+            TP("lane", 0): [record("lane", 0, o) for o in (4, 5, 6)],
+            TP("other", 0): [record("other", 0, o) for o in (10, 11)],
+            TP("lane", 1): [record("lane", 1, o) for o in (7, 8)],
+        }
+
+        async def wait_next_records(timeout):
+            return fetched, set(fetched)
+
+        consumer._wait_next_records = wait_next_records
+        consumer.highwater = lambda tp: 99
+
+        async def drain():
+            return [(tp.topic, m.offset) async for tp, m in consumer.getmany(timeout=1.0)]
+
+        yielded = asyncio.run(drain())
+        out = {
+            "yielded": yielded,
+            "calls": [[(m.topic, m.partition, m.offset) for m in call] for call in calls],
+            "unacked": sorted((m.topic, m.offset) for m in consumer.unacked),
+        }
+        print(json.dumps(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["yielded"] == [["other", 10], ["other", 11]]
+    assert len(out["calls"]) == 1
+    lane = out["calls"][0]
+    assert sorted(lane) == sorted(
+        [["lane", 0, 4], ["lane", 0, 5], ["lane", 0, 6], ["lane", 1, 7], ["lane", 1, 8]]
+    )
+    for partition in (0, 1):
+        offsets = [o for _t, p, o in lane if p == partition]
+        assert offsets == sorted(offsets)
+    assert out["unacked"] == [["lane", 4], ["lane", 5], ["lane", 6], ["lane", 7], ["lane", 8]]
+
+
+def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:
+    """A ChangelogStore write lands in the partition store of the record it is made
+    for and its changelog record goes to that partition; a lookup finds it from any
+    record (every partition held is searched); a write outside any record is refused."""
+    done = _python(
+        f"""
+        import asyncio, json
+        from types import SimpleNamespace
+        import faust
+        from pipeline import faust_edge
+
+        app = faust.App("edge-test", broker="kafka://127.0.0.1:1", store="rocksdb://",
+                        datadir={str(tmp_path)!r})
+        table = app.Table("dedupe", key_type=bytes, value_type=bytes, partitions=3)
+        sent = []
+
+        def send(topic, key, value, partition):
+            sent.append((topic, key.decode(), value.decode(), partition))
+            fut = asyncio.get_event_loop().create_future()
+            return fut
+
+        async def main():
+            store = faust_edge.ChangelogStore(table, send)
+            in_p1, in_p2 = SimpleNamespace(partition=1), SimpleNamespace(partition=2)
+            faust_edge.in_partition_of(in_p1, lambda: store.__setitem__(b"k", b"v"))
+            dbs = table.data
+            out = {{
+                "p1": dbs._db_for_partition(1).get(b"k"),
+                "p2": dbs._db_for_partition(2).get(b"k"),
+                "from_p2": faust_edge.in_partition_of(in_p2, lambda: store.get(b"k")),
+                "any": store.get(b"k"),
+                "sent": sent,
+            }}
+            try:
+                store[b"x"] = b"y"
+            except RuntimeError as exc:
+                out["outside"] = str(exc)
+            return out
+
+        out = asyncio.run(main())
+        out = {{k: (v.decode() if isinstance(v, bytes) else v) for k, v in out.items()}}
+        print(json.dumps(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["p1"] == "v"
+    assert out["p2"] is None
+    assert out["from_p2"] == "v"
+    assert out["any"] == "v"
+    assert out["sent"] == [["edge-test-dedupe-changelog", "k", "v", 1]]
+    assert "in_partition_of" in out["outside"]

@@ -225,4 +225,3 @@ def _quiet_imports() -> None:
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-

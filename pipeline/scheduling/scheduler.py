@@ -244,15 +244,16 @@ class Scheduler(Generic[T]):
         # Triggers look one full batch ahead (not a shrunk one): aged and urgent
         # requests that collide then still make it within a batch or two.
         lead = self.controller.predict_ms(self.controller.budget) + s.margin_ms
+        waits = {lane: s.max_wait_ms(lane) for lane in self.lanes}  # looked up once a decision
 
         def aged_at(e: Entry[T]) -> float:
-            wait = s.max_wait_ms(e.item.lane)
+            wait = waits[e.item.lane]
             return math.inf if wait is None else e.item.arrived_ms + wait - lead
 
         def overdue(e: Entry[T]) -> int:
             if min(aged_at(e), e.deadline_ms - lead) > now_ms:
                 return ON_TIME
-            wait = s.max_wait_ms(e.item.lane)
+            wait = waits[e.item.lane]
             bound = e.deadline_ms if wait is None else min(e.item.arrived_ms + wait, e.deadline_ms)
             return DUE if now_ms <= bound else LATE
 

@@ -1,0 +1,188 @@
+"""The lane reader: fetched lane records into the runtime, realtime first, in chunks.
+
+Each fetch's lane records land in a :class:`~pipeline.lane_buffer.LaneBuffer`
+in one call (``put``, from the consumer: :func:`pipeline.faust_edge.install`).
+The reader takes them from there up to :data:`CHUNK` records a pass, looking
+at the lanes in priority order on every pass, so a realtime record fetched
+behind thousands of bulk ones waits for one chunk, not for the bulk backlog.
+Between passes it yields to the event loop (the batch loop and the answers).
+
+Per record, in offset order per partition: its partition's start offset must
+be known (looked up once per assignment, :mod:`pipeline.start_offsets`; the
+partition's records wait meanwhile, the other partitions' do not), the
+record is checked against the next offset expected (:mod:`pipeline.continuity`:
+a hole is sought back for, a second copy passed over), and the runtime takes
+it if its lane has room; a lane without room keeps its records buffered until
+the runtime frees some (``wake``). A buffered lane over its bound stops its
+partitions' fetching (the buffer's promise), which is how a paused or full
+lane pushes back on the broker.
+
+Faust is reached only through :class:`Consumer`, a few injected callables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.answers import Incoming
+from pipeline.continuity import Continuity
+from pipeline.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer, record_size
+from pipeline.publish import Origin
+from pipeline.settings import LANES
+from pipeline.worker import Runtime
+
+__all__ = ["CHUNK", "Consumer", "LaneReader"]
+
+log = logging.getLogger(__name__)
+
+#: Most records taken in one pass before the reader yields and looks at realtime again.
+CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """What the reader needs of the Kafka consumer."""
+
+    #: Ask the consumer to read ``tp`` again from an offset.
+    seek: Callable[[Any, int], Awaitable[Any]]
+    #: Let the consumer commit past offsets (from, to inclusive) that do not exist.
+    add_gap: Callable[[Any, int, int], Awaitable[None]]
+    #: Stop waiting for the ack of records passed over here.
+    forget: Callable[[list[Any]], None]
+    #: The partition's start offset: committed, else the log's first; None once revoked.
+    start_offset: Callable[[tuple[str, int]], Awaitable[int | None]]
+
+
+class LaneReader:
+    """Feeds a runtime from a lane buffer (see the module's promise)."""
+
+    def __init__(
+        self,
+        buffer: LaneBuffer,
+        lane_of_topic: dict[str, str],
+        consumer: Consumer,
+        *,
+        continuity: Continuity | None = None,
+        spawn: Callable[[Awaitable[Any]], Any] = asyncio.ensure_future,
+    ) -> None:
+        self.buffer = buffer
+        self.continuity = continuity or Continuity()
+        self._lane_of = lane_of_topic
+        self._consumer = consumer
+        self._spawn = spawn
+        self._looking_up: set[Hashable] = set()
+        self._runtime: Runtime | None = None
+
+    def wake(self) -> None:
+        """Something changed (records arrived, a lane has room, a start is known)."""
+        self.buffer.arrived.set()
+
+    async def run(self, runtime: Runtime) -> None:
+        """Take buffered records into ``runtime`` for as long as the worker runs."""
+        self._runtime = runtime
+        arrived = self.buffer.arrived
+        while True:
+            await arrived.wait()
+            arrived.clear()
+            if self._pass(runtime):
+                arrived.set()  # more may be left: pass again once the loop had its turn
+                await asyncio.sleep(0)
+
+    def _pass(self, runtime: Runtime) -> int:
+        """Take up to CHUNK records, realtime's first; return how many."""
+        taken = 0
+        for lane in LANES:
+            if self.buffer.pending(lane):
+                taken += self.buffer.drain(lane, lambda r: self._take(runtime, r), CHUNK - taken)
+                if taken >= CHUNK:
+                    break
+        return taken
+
+    def _take(self, runtime: Runtime, record: Any) -> int:
+        tp = record.tp
+        if not self.continuity.knows(tp):
+            self._look_up(tp)
+            return SKIP
+        lane = self._lane_of[record.topic]
+        if not runtime.has_room(lane, record_size(record)):
+            return STOP
+        verdict = self.continuity.check(tp, record.offset)
+        if verdict.seek_to is not None:
+            log.error(
+                "%s[%d]: records %d..%d were skipped by the consumer; reading them again",
+                record.topic,
+                record.partition,
+                verdict.seek_to,
+                record.offset - 1,
+            )
+            self._spawn(self._seek(tp, verdict.seek_to))
+        if verdict.accepted_hole is not None:
+            low, high = verdict.accepted_hole
+            log.warning(
+                "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
+                record.topic,
+                record.partition,
+                low,
+                high,
+            )
+            self._spawn(self._consumer.add_gap(tp, low, high))
+        if not verdict.process:
+            # Not answered here (a second copy, or buffered before a seek): Faust
+            # must stop waiting for its ack, or a stopping worker waits forever.
+            self._consumer.forget([record])
+            return TAKEN
+        incoming = Incoming(
+            lane=lane,
+            origin=Origin(
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                timestamp_ms=int((record.timestamp or 0) * 1000),
+                key=record.key,
+                value=record.value,
+            ),
+            token=record,
+        )
+        if not runtime.take(incoming):  # its partition was given up: not ours now
+            self._consumer.forget([record])
+        return TAKEN
+
+    async def _seek(self, tp: Any, offset: int) -> None:
+        with contextlib.suppress(Exception):  # revoked meanwhile: the next owner reads it
+            await self._consumer.seek(tp, offset)
+
+    def _look_up(self, tp: Any) -> None:
+        if tp in self._looking_up:
+            return
+        self._looking_up.add(tp)
+        self._spawn(self._start_of(tp))
+
+    async def _start_of(self, tp: Any) -> None:
+        try:
+            start = await self._consumer.start_offset((tp.topic, tp.partition))
+        finally:
+            self._looking_up.discard(tp)
+        if start is None:  # revoked while its start was looked up: not ours
+            self._consumer.forget(self.buffer.drop([tp]))
+            return
+        if not self.continuity.knows(tp):
+            self.continuity.start_at(tp, start)
+        self.wake()
+
+    def give_up(self) -> int:
+        """A rebalance starts: drop every buffered record (its offset stays uncommitted
+        and is read again after the rebalance); return how many."""
+        dropped = self.buffer.clear()
+        self._consumer.forget(dropped)
+        return len(dropped)
+
+    def revoked(self, tps: list[Any]) -> None:
+        """Partitions were revoked: drop their records; expect them anywhere next time."""
+        self._consumer.forget(self.buffer.drop(tps))
+        for tp in tps:
+            self.continuity.forget(tp)
