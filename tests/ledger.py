@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from pipeline.codec import dead_letter_codec, request_codec, result_codec
 from pipeline.dedupe import content_hash
@@ -34,14 +34,17 @@ from pipeline.errors import DecodeError
 from pipeline.settings import LANES, Settings
 
 __all__ = [
+    "Kill",
     "Ledger",
     "LedgerError",
     "LedgerTimeout",
+    "after_kill",
     "answered_past_commit",
     "check_ledger",
     "committed",
     "in_flight",
     "log_end",
+    "wait_caught_up",
 ]
 
 Origin = tuple[str, int, int]
@@ -156,17 +159,79 @@ def _close(a: list[float] | None, b: list[float] | None, atol: float) -> bool:
     )
 
 
-def answered_past_commit(settings: Settings) -> int:
-    """Inputs answered but not yet committed by the group: a crash now may answer
-    each of them once more (call it when the worker is dead, so it is exact)."""
-    # A killed worker's last requests may still sit in its sockets: let the
-    # broker take them before counting.
-    time.sleep(1.0)
+@dataclass(frozen=True)
+class Kill:
+    """A worker killed: when (wall clock, ms, as the worker stamps its answers) and
+    what its group had committed then."""
+
+    at_ms: int
+    offsets: dict[tuple[str, int], int]
+
+
+def after_kill(settings: Settings) -> Kill:
+    """Call once a killed worker has exited, before another one starts: the group's
+    committed offsets now are where the next worker starts reading again.
+
+    Nothing is waited for. A commit the dead worker sent just before it died may
+    land after this read; then the count of :func:`answered_past_commit` includes
+    inputs that will not be delivered again: looser, never short.
+    """
+    at_ms = int(time.time() * 1000)
     lanes = [settings.topics.lane_topic(lane) for lane in LANES]
     done = committed(settings.kafka.bootstrap_servers, settings.worker.app_id, lanes)
+    return Kill(at_ms=at_ms, offsets=done)
+
+
+def answered_past_commit(settings: Settings, kills: Iterable[Kill]) -> int:
+    """Inputs each killed worker answered but its group had not committed, summed over
+    ``kills``: after a kill, exactly these may be answered once more.
+
+    An answer counts when it was made before the kill (a result's ``completed_at_ms``,
+    a dead letter's ``failed_at_ms``), wherever it sits in the topics; so a dead
+    worker's last answers, which the broker may append after the worker is gone
+    (they were in its sockets), count however late they land, and no later worker's
+    answer counts. Call it after the last kill, once a worker has run again (the
+    dead workers' answers are on the topics by then).
+    """
     ledger = Ledger(settings)
     ledger.read(time.monotonic() + 60)
-    return ledger.answered_past(done)
+    return sum(ledger.answered_past(k.offsets, before_ms=k.at_ms) for k in kills)
+
+
+def wait_caught_up(settings: Settings, timeout_s: float = 120.0) -> None:
+    """Return once the worker's group has committed every lane partition up to its log
+    end as read when the first input sent after the call had arrived (so a producer
+    must be sending): a worker is in the group and serving again, and every input
+    sent before is answered and its offset released. Retries while the broker does
+    not answer (just after a restart, say); :class:`LedgerError` after ``timeout_s``."""
+    bootstrap, group = settings.kafka.bootstrap_servers, settings.worker.app_id
+    lanes = [settings.topics.lane_topic(lane) for lane in LANES]
+    deadline = time.monotonic() + timeout_s
+    first: dict[tuple[str, int], int] | None = None
+    upto: dict[tuple[str, int], int] | None = None
+    behind: object = "the broker did not answer"
+    while True:
+        try:
+            if upto is None:
+                ends = log_end(bootstrap, lanes, timeout_s=5.0)
+                if first is None:
+                    first = ends
+                elif any(end > first.get(tp, 0) for tp, end in ends.items()):
+                    upto = ends
+            if upto is None:
+                behind = "no input arrived since the call"
+            else:
+                done = committed(bootstrap, group, lanes, timeout_s=5.0)
+                behind = {
+                    tp: (done.get(tp, 0), end) for tp, end in upto.items() if done.get(tp, 0) < end
+                }
+                if not behind:
+                    return
+        except (LedgerTimeout, KafkaException) as exc:  # the broker is not back yet
+            behind = repr(exc)
+        if time.monotonic() >= deadline:
+            raise LedgerError(f"the group did not catch up in {timeout_s:.0f}s: {behind}")
+        time.sleep(0.5)  # the poll's interval
 
 
 def _read(
@@ -205,6 +270,7 @@ class Ledger:
     inputs: dict[Origin, dict[str, Any] | None] = field(default_factory=dict)
     results: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     letters: Counter[Origin] = field(default_factory=Counter)
+    letter_times: dict[Origin, list[int]] = field(default_factory=lambda: defaultdict(list))
     n_results: int = 0
     n_letters: int = 0
     _positions: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -233,6 +299,7 @@ class Ledger:
                     dl = dead_letter_codec().decode(msg.value())
                     origin = (dl["original_topic"], dl["original_partition"], dl["original_offset"])
                     self.letters[origin] += 1
+                    self.letter_times[origin].append(dl["failed_at_ms"])
                     self.n_letters += 1
 
     def missing(self) -> list[Origin]:
@@ -301,16 +368,25 @@ class Ledger:
             ends[(topic, partition)] = max(ends.get((topic, partition), 0), offset + 1)
         return ends
 
-    def answered_past(self, offsets: dict[tuple[str, int], int]) -> int:
-        """Inputs at or past ``offsets`` (committed) that already have an answer:
-        after a crash, exactly these can be answered a second time."""
-        self_missing = set(self.missing())
-        return sum(
-            1
-            for (topic, partition, offset) in self.inputs
-            if offset >= offsets.get((topic, partition), 0)
-            and (topic, partition, offset) not in self_missing
-        )
+    def answered_past(self, offsets: dict[tuple[str, int], int], before_ms: int) -> int:
+        """Inputs at or past ``offsets`` (committed) with an answer made by
+        ``before_ms``: after a crash at that time, exactly these can be answered a
+        second time (an input whose request_id others share counts when any result
+        for that request_id was made by then: a count too high, never too low)."""
+        first_result = {
+            rid: min(r["completed_at_ms"] for r in res) for rid, res in self.results.items()
+        }
+        n = 0
+        for origin, record in self.inputs.items():
+            topic, partition, offset = origin
+            if offset < offsets.get((topic, partition), 0):
+                continue
+            times = list(self.letter_times.get(origin, ()))
+            if record is not None and record["request_id"] in first_result:
+                times.append(first_result[record["request_id"]])
+            if times and min(times) <= before_ms:
+                n += 1
+        return n
 
     def summary(self) -> dict[str, int]:
         return {
@@ -336,7 +412,7 @@ def _wait_committed(
             return
         if time.monotonic() >= deadline:
             raise LedgerError(f"every input answered, but not committed (at, end): {behind}")
-        time.sleep(0.5)
+        time.sleep(0.5)  # the poll's interval
 
 
 def check_ledger(
@@ -365,7 +441,7 @@ def check_ledger(
         lost = ledger.missing()
         if not lost or time.monotonic() >= deadline:
             break
-        time.sleep(1.0)
+        time.sleep(1.0)  # the poll's interval (each read opens a client and reads anew)
     if not lost:
         # Late duplicates count too: once the group has committed past every input,
         # the worker is done with them (each answer is acknowledged before its

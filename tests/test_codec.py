@@ -10,6 +10,7 @@ import fastavro.schema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.dead_letters import dead_letter_dict
 
 from pipeline.codec import (
     MARKER,
@@ -65,13 +66,7 @@ def test_round_trip_each_record_type() -> None:
         "queue_ms": 1.5, "inference_ms": 2.5, "batch_size": 3, "metadata": {},
     }
     assert result_codec().decode(result_codec().encode(result)) == result
-    letter = {
-        "original_topic": "t", "original_partition": 0, "original_offset": 7,
-        "original_timestamp_ms": 9, "key": b"k", "value": b"\x00\xff", "stage": "decode",
-        "error_class": "DecodeError", "error_message": "bad", "attempts": 1,
-        "failed_at_ms": 10, "request_id": None, "worker": "w",
-        "value_length": None, "value_sha256": None, "key_length": None,
-    }
+    letter = dead_letter_dict(DecodeError("bad"), original_offset=7, value=b"\x00\xff")
     assert dead_letter_codec().decode(dead_letter_codec().encode(letter)) == letter
     # A dead letter of an input cut short carries the whole input's length and hash.
     cut = {**letter, "value_length": 1 << 20, "value_sha256": "ab" * 32, "key_length": 4096}

@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
+from support.dead_letters import dead_letter_dict
 from support.kafka import end_offsets, read_topic
 
 from pipeline.cli import main
 from pipeline.client import RequestProducer, request_bytes
 from pipeline.codec import dead_letter_codec
+from pipeline.errors import DecodeError, ExpiredError, InferenceError
 from pipeline.replay import (
     ALREADY_SENT,
     ATTEMPT_HEADER,
@@ -48,22 +50,18 @@ from pipeline.settings import Settings, TopicSettings
 
 
 def _letter(offset: int = 0, partition: int = 0, **fields: Any) -> DeadLetter:
-    record: dict[str, Any] = {
+    """The dead letter at ``offset`` of dlq ``partition``: an InferenceError after 3
+    attempts at 2,000 ms on inference.requests.bulk[1]@(40 + offset), unless ``fields``
+    (:func:`dead_letter_dict`'s arguments) say otherwise."""
+    given: dict[str, Any] = {
         "original_topic": "inference.requests.bulk",
         "original_partition": 1,
         "original_offset": 40 + offset,
-        "original_timestamp_ms": 1_000,
-        "key": b"k",
-        "value": b"\x00v",
-        "stage": "infer",
-        "error_class": "InferenceError",
-        "error_message": "model raised",
         "attempts": 3,
         "failed_at_ms": 2_000,
         "request_id": f"r-{offset}",
-        "worker": "host:1",
     }
-    record.update(fields)
+    record = dead_letter_dict(**{**given, **fields})
     return DeadLetter("inference.dlq", partition, offset, record)
 
 
@@ -128,7 +126,7 @@ def test_decide_counts_attempts_from_the_failed_records_header() -> None:
 
 
 def test_summary_counts_stage_error_class_topic() -> None:
-    letters = [_letter(0), _letter(1), _letter(2, stage="decode", error_class="DecodeError")]
+    letters = [_letter(0), _letter(1), _letter(2, error=DecodeError("not avro"))]
     counts = summarize(letters)
     assert counts == {
         ("infer", "InferenceError", "inference.requests.bulk"): 2,
@@ -227,21 +225,16 @@ def _produce_dead_letters(
     originals = {}
     for i in range(count):
         rid, value = request_bytes(f"text number {i}", request_id=f"dl-{i}")
-        record = {
-            "original_topic": original_topic,
-            "original_partition": 0,
-            "original_offset": i,
-            "original_timestamp_ms": now,
-            "key": f"key-{i}".encode(),
-            "value": value,
-            "stage": ("infer", "expired")[i % 2],
-            "error_class": ("InferenceError", "ExpiredError")[i % 2],
-            "error_message": "injected",
-            "attempts": 1,
-            "failed_at_ms": now,
-            "request_id": rid,
-            "worker": "test",
-        }
+        record = dead_letter_dict(
+            (InferenceError("injected"), ExpiredError("injected"))[i % 2],
+            original_topic=original_topic,
+            original_offset=i,
+            original_timestamp_ms=now,
+            key=f"key-{i}".encode(),
+            value=value,
+            failed_at_ms=now,
+            request_id=rid,
+        )
         key = f"key-{i}".encode()
         value_bytes = dead_letter_codec().encode(record)
         producer.produce(settings.topics.dlq_topic, key=key, value=value_bytes)
@@ -347,21 +340,16 @@ def test_attempts_follow_the_header_chain_and_stop_at_max_attempts(
     assert producer.flush(30) == 0
     now = int(time.time() * 1000)
     for name, (partition, offset) in where.items():
-        record = {
-            "original_topic": lane,
-            "original_partition": partition,
-            "original_offset": offset,
-            "original_timestamp_ms": now,
-            "key": name.encode(),
-            "value": b"\x00bad",
-            "stage": "decode",
-            "error_class": "DecodeError",
-            "error_message": "not avro",
-            "attempts": 1,
-            "failed_at_ms": now,
-            "request_id": None,
-            "worker": "test",
-        }
+        record = dead_letter_dict(
+            DecodeError("not avro"),
+            original_topic=lane,
+            original_partition=partition,
+            original_offset=offset,
+            original_timestamp_ms=now,
+            key=name.encode(),
+            value=b"\x00bad",
+            failed_at_ms=now,
+        )
         producer.produce(unique_topics.dlq_topic, value=dead_letter_codec().encode(record))
     assert producer.flush(30) == 0
 
