@@ -83,7 +83,8 @@ class LaneBuffer:
 
     def drain(self, lane: str, take: Callable[[Any], int], limit: int) -> int:
         """Show ``lane``'s records to ``take``, each partition's in offset order, until
-        ``limit`` were taken or none is left; returns how many were taken.
+        ``limit`` were taken or none is left; returns how many were taken. Partitions
+        take turns: one served and not emptied goes last for the next call.
 
         ``take`` returns TAKEN (the record leaves the buffer), SKIP (it stays, and so
         do the rest of its partition's) or STOP (it stays, and the lane is done).
@@ -93,6 +94,7 @@ class LaneBuffer:
         for tp in list(parts):
             queue = parts[tp]
             verdict = TAKEN
+            before = taken
             while queue and taken < limit:
                 verdict = take(queue[0])
                 if verdict != TAKEN:
@@ -103,6 +105,8 @@ class LaneBuffer:
                 taken += 1
             if not queue:
                 del parts[tp]
+            elif taken > before:  # served: the lane's other partitions go first next time
+                parts[tp] = parts.pop(tp)
             if verdict == STOP or taken >= limit:
                 break
         if taken and self._paused[lane] and not self._over(lane, 0.5):

@@ -68,15 +68,27 @@ class LaneReader:
         consumer: Consumer,
         *,
         continuity: Continuity | None = None,
-        spawn: Callable[[Awaitable[Any]], Any] = asyncio.ensure_future,
+        spawn: Callable[[Awaitable[Any]], Any] | None = None,
     ) -> None:
         self.buffer = buffer
         self.continuity = continuity or Continuity()
         self._lane_of = lane_of_topic
         self._consumer = consumer
-        self._spawn = spawn
+        self._spawn = spawn or self._track
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._looking_up: set[Hashable] = set()
         self._runtime: Runtime | None = None
+
+    def _track(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("lane reader task failed", exc_info=task.exception())
 
     def wake(self) -> None:
         """Something changed (records arrived, a lane has room, a start is known)."""
@@ -164,7 +176,7 @@ class LaneReader:
 
     async def _start_of(self, tp: Any) -> None:
         try:
-            start = await self._consumer.start_offset((tp.topic, tp.partition))
+            start = await self._consumer.start_offset((tp[0], tp[1]))
         finally:
             self._looking_up.discard(tp)
         if start is None:  # revoked while its start was looked up: not ours
