@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -168,14 +168,18 @@ def assemble(
     max_items: int,
     realtime_share: float,
     overdue: Callable[[Entry[T]], int],
+    heads: Mapping[str, list[Entry[T]]] | None = None,
 ) -> Draft[T]:
-    """Assemble the batch that would run now (see the module's promise); mutates nothing."""
+    """Assemble the batch that would run now (see the module's promise) from ``heads``
+    (each lane's queue, or the part of it to look at); mutates nothing."""
     top, *others = queues.lanes
+    if heads is None:
+        heads = {lane: queues.entries(lane) for lane in queues.lanes}
     draft: Draft[T] = Draft(shapes, budget=budget, max_items=max_items)
-    realtime = queues.entries(top)
-    urgency = {id(e): overdue(e) for lane in others for e in queues.entries(lane)}
+    realtime = heads[top]
+    urgency = {id(e): overdue(e) for lane in others for e in heads[lane]}
     late = sorted(
-        (e for lane in others for e in queues.entries(lane) if urgency[id(e)]),
+        (e for lane in others for e in heads[lane] if urgency[id(e)]),
         key=lambda e: (-urgency[id(e)], e),
     )
     reserve = bool(realtime) and realtime_share > 0
@@ -199,7 +203,7 @@ def assemble(
                 draft.add(e)
     _fill(draft, realtime)  # 2
     _fill(draft, (e for e in late if joins(e)))  # 3
-    rest = [e for lane in others for e in queues.entries(lane) if e not in draft]
+    rest = [e for lane in others for e in heads[lane] if e not in draft]
     if not rest or draft.full:
         return draft
     if not draft.entries:

@@ -52,8 +52,17 @@ class Entry(Generic[T]):
 class LaneQueues(Generic[T]):
     """The queues of every lane, highest lane first (see the module's promise)."""
 
-    def __init__(self, lanes: Iterable[str], *, queue_size: int, resume_fraction: float) -> None:
+    def __init__(
+        self,
+        lanes: Iterable[str],
+        *,
+        queue_size: int,
+        resume_fraction: float,
+        lookahead: int | None = None,
+    ) -> None:
         self.lanes: tuple[str, ...] = tuple(lanes)
+        #: Entries per lane a decision looks at (:meth:`head`); None: all of them.
+        self.lookahead = lookahead
         self.high = queue_size
         self.low = int(queue_size * resume_fraction)
         self._queues: dict[str, list[Entry[T]]] = {lane: [] for lane in self.lanes}
@@ -84,6 +93,11 @@ class LaneQueues(Generic[T]):
     def entries(self, lane: str) -> list[Entry[T]]:
         """The lane's queue in EDF order (the live list: do not mutate)."""
         return self._queue(lane)
+
+    def head(self, lane: str) -> list[Entry[T]]:
+        """The first ``lookahead`` entries of the lane's queue in EDF order (a copy): all
+        a scheduling decision looks at (see the scheduler's promise)."""
+        return self._queue(lane)[: self.lookahead]
 
     def all_entries(self) -> Iterator[Entry[T]]:
         for lane in self.lanes:
