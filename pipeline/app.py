@@ -29,24 +29,24 @@ import faust
 from mode import Service
 
 from pipeline import faust_edge
-from pipeline.admission import LaneBounds
 from pipeline.answer_producer import AnswerProducer
 from pipeline.calibrate import calibrate
 from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
 from pipeline.faust_conf import app_conf
 from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
-from pipeline.lane_buffer import LaneBuffer
-from pipeline.lane_reader import Consumer as ReaderConsumer
-from pipeline.lane_reader import LaneReader
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
 from pipeline.publish import Publisher
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
-from pipeline.start_offsets import StartOffsets
-from pipeline.worker import Runtime, wall_ms
+from pipeline.worker.admission import LaneBounds
+from pipeline.worker.lane_buffer import LaneBuffer
+from pipeline.worker.lane_reader import Consumer as ReaderConsumer
+from pipeline.worker.lane_reader import LaneReader
+from pipeline.worker.runtime import Runtime, wall_ms
+from pipeline.worker.start_offsets import StartOffsets
 
 __all__ = ["app", "create_app", "settings"]
 
@@ -287,7 +287,7 @@ class _RuntimeHolder(Service):
         return engine
 
     async def _every_second(self, interval_s: float = 1.0) -> None:
-        """Seek again where a seek back to skipped records got no answer (continuity.py);
+        """Seek again where a seek back to skipped records got no answer (worker/continuity.py);
         record the dedupe changelog's delivered offsets in its store."""
         while True:
             await asyncio.sleep(interval_s)

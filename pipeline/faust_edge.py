@@ -9,7 +9,7 @@ made here, and nowhere else:
   machine, most of it spent building, queueing and delivering an event per
   record (docs/design.md, "Intake in batches"). So no lane record meets
   Faust's fetch loop, its streams or their acks: Faust's per-record
-  "read offset" drops and "gap" acks (continuity.py tells what those did to
+  "read offset" drops and "gap" acks (worker/continuity.py tells what those did to
   lane offsets before) never touch one, and a lane offset is acked to Faust
   only when the pipeline's watermark released it (:func:`releaser`);
 - a hole the consumer really has (offsets that do not exist) is let through

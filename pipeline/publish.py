@@ -23,8 +23,8 @@ from typing import Any
 from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.errors import AnswerPathFailure, PublishRejected
 from pipeline.inference import Prediction
-from pipeline.intake import Request
 from pipeline.settings import RetrySettings
+from pipeline.worker.intake import Request
 
 __all__ = [
     "DEAD_LETTER_KEY_PREFIX",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.acks import OffsetWatermark
+from pipeline.worker.acks import OffsetWatermark
 
 
 def test_out_of_order_completion_releases_a_contiguous_prefix() -> None:

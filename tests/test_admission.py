@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pipeline.admission import Admission, LaneBounds
+from pipeline.worker.admission import Admission, LaneBounds
 
 
 class _Clock:

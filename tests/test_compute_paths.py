@@ -16,16 +16,16 @@ from typing import Any
 
 from support.runtime import settle
 
-from pipeline.answers import Incoming, Work
 from pipeline.client import request_bytes
 from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.dedupe import StoredResults
 from pipeline.errors import InferenceError
 from pipeline.inference import BatchOutcome, Outcome, Prediction
-from pipeline.intake import parse
 from pipeline.publish import Origin, Publisher, backoff_ms
 from pipeline.settings import RetrySettings, Settings
 from pipeline.worker import Runtime
+from pipeline.worker.answers import Incoming, Work
+from pipeline.worker.intake import parse
 
 
 class _Model:

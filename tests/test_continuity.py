@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from pipeline.continuity import SEEKS_BEFORE_ACCEPTING, Continuity, Verdict
+from pipeline.worker.continuity import SEEKS_BEFORE_ACCEPTING, Continuity, Verdict
 
 
 def test_contiguous_records_are_processed() -> None:

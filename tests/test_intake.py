@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from pipeline.client import request_bytes
 from pipeline.codec import MARKER, request_codec
 from pipeline.errors import DecodeError, PermanentError, ValidationError
-from pipeline.intake import Request, parse
 from pipeline.settings import ValidationSettings
+from pipeline.worker.intake import Request, parse
 
 LIMITS = ValidationSettings(max_payload_bytes=4096, max_text_chars=1000)
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from pipeline.client import request_bytes
 from pipeline.errors import DecodeError, PermanentError, ValidationError
-from pipeline.intake import parse, peek_request_id
 from pipeline.settings import ValidationSettings
+from pipeline.worker.intake import parse, peek_request_id
 
 LIMITS = ValidationSettings()
 

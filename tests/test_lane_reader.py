@@ -17,15 +17,15 @@ from typing import Any, NamedTuple
 
 from support.runtime import LengthEngine, settle
 
-from pipeline.admission import LaneBounds
-from pipeline.answers import Incoming
 from pipeline.client import request_bytes
 from pipeline.codec import result_codec
-from pipeline.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
-from pipeline.lane_reader import CHUNK, Consumer, LaneReader
 from pipeline.publish import Publisher
 from pipeline.settings import Settings
 from pipeline.worker import Runtime
+from pipeline.worker.admission import LaneBounds
+from pipeline.worker.answers import Incoming
+from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
+from pipeline.worker.lane_reader import CHUNK, Consumer, LaneReader
 
 LANE_OF = {"lane.realtime": "realtime", "lane.standard": "standard", "lane.bulk": "bulk"}
 RT, STD, BULK = "lane.realtime", "lane.standard", "lane.bulk"

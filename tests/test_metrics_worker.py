@@ -1,5 +1,5 @@
 """A real worker serves /metrics after real traffic (needs the runtime wiring of
-pipeline.metrics in pipeline/worker.py and pipeline/app.py)."""
+pipeline.metrics in pipeline/worker/runtime.py and pipeline/app.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.settings import Settings
-from pipeline.start_offsets import StartOffsets
+from pipeline.worker.start_offsets import StartOffsets
 
 pytestmark = pytest.mark.kafka
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipeline.acks import OffsetWatermark
+from pipeline.worker.acks import OffsetWatermark
 
 __all__ = ["Admission", "LaneBounds"]
 

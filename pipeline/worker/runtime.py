@@ -1,10 +1,10 @@
 """The worker's core, free of Faust: intake → dedupe → scheduler → model → answers.
 
 Every input that :meth:`Runtime.submit` accepts ends in exactly one result or
-one dead letter (see :mod:`pipeline.answers` for the order of publish, ack,
+one dead letter (see :mod:`pipeline.worker.answers` for the order of publish, ack,
 store and release). Between intake and the model, three levels of dedupe:
 a stored result, a computation already in flight, a twin in the same batch
-(the last two, and the model call itself, in :mod:`pipeline.compute`).
+(the last two, and the model call itself, in :mod:`pipeline.worker.compute`).
 
 Faust is reached only through injected callables: the producer's send (in
 the publisher), the table the stored results live in, and ``ack`` for a
@@ -27,17 +27,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.answers import AckFn, Answers, Incoming, StoreFn, Work
-from pipeline.compute import Compute
 from pipeline.dedupe import InputKeys, StoredResults
 from pipeline.errors import ExpiredError, PermanentError
 from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine
-from pipeline.intake import parse
 from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Publisher
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
+from pipeline.worker.answers import AckFn, Answers, Incoming, StoreFn, Work
+from pipeline.worker.compute import Compute
+from pipeline.worker.intake import parse
 
 __all__ = ["Incoming", "Runtime", "wall_ms"]
 

@@ -1,7 +1,7 @@
 """Fetched lane records waiting for intake: per partition in offset order, bounded per lane.
 
 The consumer hands each fetch's lane records over at once
-(:func:`pipeline.faust_edge.install`); the reader (:mod:`pipeline.lane_reader`)
+(:func:`pipeline.faust_edge.install`); the reader (:mod:`pipeline.worker.lane_reader`)
 takes them from here, realtime first. A lane holding more than its bound, in
 records or in bytes, has the partitions it holds records of taken out of the
 fetcher (``pause``) until it is down to half of the bound (``resume``).
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
-from pipeline.admission import LaneBounds
+from pipeline.worker.admission import LaneBounds
 
 __all__ = ["SKIP", "STOP", "TAKEN", "LaneBuffer"]
 

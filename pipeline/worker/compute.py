@@ -9,7 +9,7 @@ queued work that missed the stored-result lookup at intake has no gap.
 Each leader runs through the model (its fallback while the breaker is open),
 is retried with backoff on a failed prediction, and then ends in exactly one
 result or dead letter for every requester of its hash, through
-:mod:`pipeline.answers`.
+:mod:`pipeline.worker.answers`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.answers import Answers, Work
 from pipeline.dedupe import SingleFlight, StoredResults
 from pipeline.errors import CircuitOpenError, InferenceError
 from pipeline.guard import Guard
@@ -28,6 +27,7 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import backoff_ms
 from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
+from pipeline.worker.answers import Answers, Work
 
 __all__ = ["Compute", "Ran"]
 

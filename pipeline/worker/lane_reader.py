@@ -1,6 +1,6 @@
 """The lane reader: fetched lane records into the runtime, realtime first, in chunks.
 
-Each fetch's lane records land in a :class:`~pipeline.lane_buffer.LaneBuffer`
+Each fetch's lane records land in a :class:`~pipeline.worker.lane_buffer.LaneBuffer`
 in one call (``put``, from the consumer: :func:`pipeline.faust_edge.install`).
 The reader takes them from there up to :data:`CHUNK` records a pass, looking
 at the lanes in priority order on every pass, so a realtime record fetched
@@ -8,9 +8,9 @@ behind thousands of bulk ones waits for one chunk, not for the bulk backlog.
 Between passes it yields to the event loop (the batch loop and the answers).
 
 Per record, in offset order per partition: its partition's start offset must
-be known (looked up once per assignment, :mod:`pipeline.start_offsets`; the
+be known (looked up once per assignment, :mod:`pipeline.worker.start_offsets`; the
 partition's records wait meanwhile, the other partitions' do not), the
-record is checked against the next offset expected (:mod:`pipeline.continuity`:
+record is checked against the next offset expected (:mod:`pipeline.worker.continuity`:
 a hole is sought back for, a second copy passed over), and the runtime takes
 it if its lane has room; a lane without room keeps its records buffered until
 the runtime frees some (``wake``). A buffered lane over its bound stops its
@@ -29,12 +29,12 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.answers import Incoming
-from pipeline.continuity import Continuity
-from pipeline.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer, record_size
 from pipeline.publish import Origin
 from pipeline.settings import LANES
-from pipeline.worker import Runtime
+from pipeline.worker.answers import Incoming
+from pipeline.worker.continuity import Continuity
+from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer, record_size
+from pipeline.worker.runtime import Runtime
 
 __all__ = ["CHUNK", "Consumer", "LaneReader"]
 

@@ -6,7 +6,7 @@ order (docs/design.md, delivery rules):
     publish result/dead letter → await broker ack → store dedupe entry → release offset
 
 Releasing hands the input's offset to admission's per-partition watermark
-(:mod:`pipeline.admission`, which also bounds each lane), which acks
+(:mod:`pipeline.worker.admission`, which also bounds each lane), which acks
 to Faust only a contiguous prefix. Each answer also feeds the metrics and the
 load shedder (realtime lateness).
 """
@@ -18,16 +18,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from pipeline.admission import Admission, LaneBounds
 from pipeline.codec import result_codec
 from pipeline.dedupe import StoredResults
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
 from pipeline.guard import Guard
 from pipeline.inference import Prediction
-from pipeline.intake import Request
 from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Origin, Publisher, dead_letter_record, result_record
 from pipeline.settings import LANES, Settings
+from pipeline.worker.admission import Admission, LaneBounds
+from pipeline.worker.intake import Request
 
 __all__ = ["Answers", "Incoming", "Work"]
 
