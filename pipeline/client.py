@@ -33,7 +33,7 @@ from pipeline.logs import LibrdkafkaLog
 from pipeline.reader import Answer, read_answers
 from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import LANES, PREFIX, Settings
-from pipeline.worker.intake import MAX_REQUEST_ID_CHARS
+from pipeline.worker.records import MAX_REQUEST_ID_CHARS
 
 BOOTSTRAP_VAR = f"{PREFIX}KAFKA_BOOTSTRAP_SERVERS"
 

@@ -17,20 +17,18 @@ import os
 import random
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.errors import AnswerPathFailure, PublishRejected
 from pipeline.inference import Prediction
 from pipeline.settings import RetrySettings
-from pipeline.worker.intake import Request
+from pipeline.worker.records import Origin, Request
 
 __all__ = [
     "DEAD_LETTER_KEY_PREFIX",
     "DEAD_LETTER_VALUE_PREFIX",
     "FatalFn",
-    "Origin",
     "Publisher",
     "SendFn",
     "backoff_ms",
@@ -56,18 +54,6 @@ DEAD_LETTER_VALUE_PREFIX = 65_536
 DEAD_LETTER_KEY_PREFIX = 1_024
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where an input came from: enough to find and replay it."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
 
 
 def backoff_ms(attempt: int, retry: RetrySettings, rng: random.Random | None = None) -> float:

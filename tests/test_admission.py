@@ -144,9 +144,9 @@ def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_bat
     from support.runtime import LengthEngine
 
     from pipeline.client import request_bytes
-    from pipeline.publish import Origin, Publisher
+    from pipeline.publish import Publisher
     from pipeline.settings import Settings
-    from pipeline.worker import Incoming, Runtime
+    from pipeline.worker import Incoming, Origin, Runtime
 
     class GatedEngine(LengthEngine):
         def __init__(self) -> None:

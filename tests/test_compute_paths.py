@@ -21,10 +21,9 @@ from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.dedupe import StoredResults
 from pipeline.errors import InferenceError
 from pipeline.inference import BatchOutcome, Outcome, Prediction
-from pipeline.publish import Origin, Publisher, backoff_ms
+from pipeline.publish import Publisher, backoff_ms
 from pipeline.settings import RetrySettings, Settings
-from pipeline.worker import Runtime
-from pipeline.worker.answers import Incoming, Work
+from pipeline.worker import Incoming, Origin, Runtime, Work
 from pipeline.worker.intake import parse
 
 

@@ -17,9 +17,9 @@ from support.runtime import LengthEngine
 from pipeline.client import request_bytes
 from pipeline.codec import result_codec
 from pipeline.dedupe import InputKeys, StoredEntry, StoredResults
-from pipeline.publish import Origin, Publisher
+from pipeline.publish import Publisher
 from pipeline.settings import Settings
-from pipeline.worker import Incoming, Runtime
+from pipeline.worker import Incoming, Origin, Runtime
 
 LONG = "a long text " * 20  # 240 characters: cut at level 3 of load shedding
 

@@ -30,10 +30,10 @@ from support.runtime import LengthEngine, settle
 from pipeline.client import request_bytes
 from pipeline.codec import HEADER_LEN, MARKER, dead_letter_codec, request_codec, result_codec
 from pipeline.errors import DecodeError, PermanentError, ValidationError
-from pipeline.publish import Origin, Publisher
+from pipeline.publish import Publisher
 from pipeline.settings import LANES, Settings, ValidationSettings
-from pipeline.worker import Incoming, Runtime
-from pipeline.worker.intake import Request, parse
+from pipeline.worker import Incoming, Origin, Request, Runtime
+from pipeline.worker.intake import parse
 
 LIMITS = ValidationSettings()  # the defaults: 64 KiB payloads, 8192-character texts
 

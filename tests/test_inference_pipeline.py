@@ -28,9 +28,9 @@ from pipeline.inference import (
     load_model,
 )
 from pipeline.inference.threads import apply_thread_budget
-from pipeline.publish import Origin, Publisher
+from pipeline.publish import Publisher
 from pipeline.settings import ModelSettings, Settings
-from pipeline.worker import Incoming, Runtime
+from pipeline.worker import Incoming, Origin, Runtime
 
 
 class StagedFake:

@@ -10,7 +10,8 @@ from pipeline.client import request_bytes
 from pipeline.codec import MARKER, request_codec
 from pipeline.errors import DecodeError, PermanentError, ValidationError
 from pipeline.settings import ValidationSettings
-from pipeline.worker.intake import Request, parse
+from pipeline.worker import Request
+from pipeline.worker.intake import parse
 
 LIMITS = ValidationSettings(max_payload_bytes=4096, max_text_chars=1000)
 

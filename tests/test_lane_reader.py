@@ -21,9 +21,8 @@ from pipeline.client import request_bytes
 from pipeline.codec import result_codec
 from pipeline.publish import Publisher
 from pipeline.settings import Settings
-from pipeline.worker import Runtime
+from pipeline.worker import Incoming, Runtime
 from pipeline.worker.admission import LaneBounds
-from pipeline.worker.answers import Incoming
 from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
 from pipeline.worker.lane_reader import CHUNK, Consumer, LaneReader
 

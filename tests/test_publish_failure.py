@@ -29,12 +29,11 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import (
     DEAD_LETTER_KEY_PREFIX,
     DEAD_LETTER_VALUE_PREFIX,
-    Origin,
     Publisher,
     dead_letter_record,
 )
 from pipeline.settings import Settings
-from pipeline.worker import Incoming, Runtime
+from pipeline.worker import Incoming, Origin, Runtime
 
 
 async def _answer(

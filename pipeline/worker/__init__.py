@@ -1,20 +1,59 @@
-"""The worker's core: a lane record from the fetch to its answer and released offset."""
+"""The worker's core: a lane record from the fetch to its answer and released offset.
+
+The files, in the order a record moves through them (the record's forms on
+the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
+:class:`Work`, are in ``records.py``):
+
+- ``pipeline/faust_edge.py`` (``install``): the consumer's fetch hands each
+  fetch's lane records over at once, below Faust's streams;
+- ``lane_buffer.py``: fetched records wait per partition in offset order,
+  bounded per lane (a full lane's partitions leave the fetcher);
+- ``lane_reader.py``: buffer to runtime, realtime first, a chunk a pass;
+  checks each record against its partition's start (``start_offsets.py``,
+  looked up from the broker per assignment) and next expected offset
+  (``continuity.py``: a hole is sought back for, a second copy passed over);
+- ``runtime.py`` (:class:`Runtime`): ``take`` takes one record on, at once:
+
+  - ``admission.py``: counts it against its lane's bounds (records, bytes)
+    and holds its offset in its partition's watermark;
+  - ``intake.py``: ``parse`` decodes and validates its value into a Request
+    (``peek_request_id`` names one too large to decode); a bad one becomes
+    a dead letter;
+  - the stored-result lookup (``pipeline/dedupe.py``) answers a repeat from
+    the store; the rest is queued in ``pipeline/scheduling/``, which forms
+    batches by lane and deadline;
+
+- ``compute.py``: a batch deduped again (in flight, same batch), through the
+  model (``pipeline/inference/``, its own thread), retried, fallen back;
+- ``answers.py``: exactly one result or dead letter per input, built by
+  ``pipeline/publish.py`` and sent by ``pipeline/answer_producer.py`` (both
+  top-level: replay shares the producer's limits), awaited until the broker
+  acknowledges it, then the dedupe entry stored;
+- ``acks.py``: the release: the offset watermark hands Faust only a contiguous
+  prefix of each partition's answered offsets to commit.
+
+Nothing here imports Faust: ``pipeline/app.py`` wires these into a Faust
+worker through injected callables.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from pipeline.worker.runtime import Incoming, Runtime, wall_ms
+from pipeline.worker.records import Incoming, Origin, Request, Work
 
-__all__ = ["Incoming", "Runtime", "wall_ms"]
+if TYPE_CHECKING:
+    from pipeline.worker.runtime import Runtime, wall_ms
+
+__all__ = ["Incoming", "Origin", "Request", "Runtime", "Work", "wall_ms"]
 
 
 def __getattr__(name: str) -> Any:
-    # On first use only: the runtime pulls in the model stack (torch, seconds to
-    # import), and pipeline.publish imports from this package while the runtime
-    # imports pipeline.publish.
-    if name in __all__:
+    # Runtime and wall_ms on first use only: the runtime pulls in the model stack
+    # (torch, seconds to import), which the client and publish, importing the
+    # records from here, need not load; and the runtime imports pipeline.publish,
+    # which imports this package: an eager import here would be a cycle.
+    if name in ("Runtime", "wall_ms"):
         from pipeline.worker import runtime
 
         return getattr(runtime, name)

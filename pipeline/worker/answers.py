@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pipeline.codec import result_codec
@@ -24,12 +23,12 @@ from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
 from pipeline.guard import Guard
 from pipeline.inference import Prediction
 from pipeline.metrics import PipelineMetrics
-from pipeline.publish import Origin, Publisher, dead_letter_record, result_record
+from pipeline.publish import Publisher, dead_letter_record, result_record
 from pipeline.settings import LANES, Settings
 from pipeline.worker.admission import Admission, LaneBounds
-from pipeline.worker.intake import Request
+from pipeline.worker.records import Incoming, Request, Work
 
-__all__ = ["Answers", "Incoming", "Work"]
+__all__ = ["Answers"]
 
 log = logging.getLogger(__name__)
 
@@ -45,35 +44,6 @@ class StoreFn(Protocol):
 
 def _in_any_partition(token: Any, fn: Callable[[], R]) -> R:
     return fn()
-
-
-@dataclass
-class Incoming:
-    """One consumed record and the opaque token that acknowledges it."""
-
-    lane: str
-    origin: Origin
-    token: Any
-
-
-@dataclass
-class Work:
-    """A valid request on its way through scheduling and the model."""
-
-    incoming: Incoming
-    request: Request
-    arrived_ms: int
-    served: str = "computed"
-    attempts: int = 0
-    queue_ms: float = 0.0
-    stats: dict[str, float] = field(default_factory=dict)
-    #: Who computed it, when not the primary model (a fallback); never stored then.
-    model: tuple[str, str] | None = None
-    #: False when its text was cut by load shedding: such a result is not stored.
-    storable: bool = True
-    #: True once its stored result proved unusable (undecodable, another model
-    #: version): it is computed, and the store is not asked again.
-    stored_unusable: bool = False
 
 
 class Answers:

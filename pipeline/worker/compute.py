@@ -27,7 +27,8 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import backoff_ms
 from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
-from pipeline.worker.answers import Answers, Work
+from pipeline.worker.answers import Answers
+from pipeline.worker.records import Work
 
 __all__ = ["Compute", "Ran"]
 

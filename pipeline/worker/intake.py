@@ -9,34 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pipeline.codec import HEADER_LEN, MARKER, request_codec
 from pipeline.dedupe import InputKeys, content_hash
 from pipeline.errors import DecodeError, ValidationError
 from pipeline.settings import ValidationSettings
+from pipeline.worker.records import MAX_REQUEST_ID_CHARS, Request
 
-__all__ = ["Request", "parse", "peek_request_id"]
-
-MAX_REQUEST_ID_CHARS = 256
-
-
-@dataclass(frozen=True)
-class Request:
-    """A decoded, validated request; ``deadline_ms`` already holds the lane default."""
-
-    request_id: str
-    text: str
-    created_at_ms: int
-    deadline_ms: int
-    lane: str
-    #: The Kafka key: producers compute it, for partitioning (and consumers, for duplicates).
-    content_hash: str
-    #: What dedupe levels match on: equal only for the same model input and model.
-    dedupe_key: str
-    source: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
-
+__all__ = ["parse", "peek_request_id"]
 
 _JSON_ID = re.compile(rb'"request_id"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
 

@@ -29,11 +29,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.publish import Origin
 from pipeline.settings import LANES
-from pipeline.worker.answers import Incoming
 from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer, record_size
+from pipeline.worker.records import Incoming, Origin
 from pipeline.worker.runtime import Runtime
 
 __all__ = ["CHUNK", "Consumer", "LaneReader"]

@@ -35,11 +35,12 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Publisher
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
-from pipeline.worker.answers import AckFn, Answers, Incoming, StoreFn, Work
+from pipeline.worker.answers import AckFn, Answers, StoreFn
 from pipeline.worker.compute import Compute
 from pipeline.worker.intake import parse
+from pipeline.worker.records import Incoming, Work
 
-__all__ = ["Incoming", "Runtime", "wall_ms"]
+__all__ = ["Runtime", "wall_ms"]
 
 log = logging.getLogger(__name__)
 

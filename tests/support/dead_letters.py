@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.errors import InferenceError, PipelineError
-from pipeline.publish import Origin, dead_letter_record
+from pipeline.publish import dead_letter_record
+from pipeline.worker import Origin
 
 __all__ = ["dead_letter_dict"]
 
@@ -27,7 +28,7 @@ def dead_letter_dict(
     **overrides: Any,
 ) -> dict[str, Any]:
     """A DeadLetter record of the current schema, made as the worker makes one: by
-    :func:`pipeline.publish.dead_letter_record`, from an :class:`~pipeline.publish.Origin`
+    :func:`pipeline.publish.dead_letter_record`, from an :class:`~pipeline.worker.records.Origin`
     and a real ``error`` (``InferenceError("model raised")`` when omitted).
 
     The keyword arguments are the record's fields. ``stage`` is the error's own stage
