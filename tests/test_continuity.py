@@ -3,11 +3,6 @@ repeated seeks find the same first record past it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 from pipeline.worker.continuity import SEEKS_BEFORE_ACCEPTING, Continuity, Verdict
 
 
@@ -85,37 +80,6 @@ def test_a_hole_before_the_first_record_is_noticed_from_the_start_offset() -> No
     assert c.knows("p")
     assert c.check("p", 128) == Verdict(process=False, seek_to=18)
     assert c.check("p", 18).process
-
-
-def test_faust_never_drops_lane_records_below_its_read_offset(tmp_path: Path) -> None:
-    # Faust drops a fetched record below a partition's read offset, and its fetch
-    # loop can raise that offset again right after a seek (see app._no_gaps_on):
-    # on lane topics the read offset must never filter anything. Importing
-    # pipeline.app patches Faust and sets the event loop policy for the whole
-    # process, so the check runs in a child process.
-    check = textwrap.dedent(
-        """
-        import sys
-        from faust.types import TP
-        from pipeline.app import create_app
-        from pipeline.settings import Settings
-
-        s = Settings.from_env({"PIPELINE_WORKER_DATA_DIR": sys.argv[1]})
-        consumer = create_app(s).consumer
-        lane, other = TP(s.topics.lane_topic("bulk"), 0), TP("other-topic", 0)
-        consumer._read_offset[lane] = 12
-        consumer._read_offset[other] = 12
-        assert consumer._read_offset[lane] is None
-        assert consumer._read_offset.__getitem__(lane) is None  # as the fetch loop reads it
-        assert consumer._read_offset[other] == 12
-        print("checked")
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", check, str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-3000:]
 
 
 class _Clock:

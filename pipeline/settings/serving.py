@@ -106,8 +106,8 @@ class BatchSettings:
     )
     stream_buffer: int = _field(
         1024,
-        "per lane topic: records Faust may buffer ahead of the agent; bounds memory while "
-        "a lane is paused (Faust then stops fetching its partitions)",
+        "per lane: fetched records buffered ahead of intake (with at most max_inflight_bytes "
+        "bytes); a full lane's partitions are not fetched until it is down to half",
     )
 
 

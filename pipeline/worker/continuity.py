@@ -1,28 +1,27 @@
 """Notice when the consumer skipped records of a lane partition, so none is lost.
 
-faust-streaming 0.15.3 can skip records: records fetched for a partition it
-paused during a rebalance are dropped, and a message whose delivery to a full
-stream buffer is cancelled by a rebalance still advances the read offset. The
-consumer then treats the skipped offsets as a "gap" (as if they did not exist)
-and commits past them; the fault tests saw hundreds of requests committed
-without any answer after worker restarts under load.
+faust-streaming 0.15.3 can skip records: its ``getmany`` drops the rest of a
+fetch when flow control stops or the consumer generation changes (both happen
+around rebalances), and positions are reset when partitions are reassigned.
+Before the worker took lane records below Faust's streams, Faust also treated
+skipped offsets as a "gap" (as if they did not exist) and committed past them;
+the fault tests saw hundreds of requests committed without any answer after
+worker restarts under load.
 
-So the worker (1) tells Faust's consumer not to fill gaps on lane topics, nor
-to drop lane records below its "read offset" (``app.py``), and (2) checks
-every lane record against the next offset it expected for its partition. A
-record past that offset means records were skipped: the worker seeks back and
-reads them again. Records buffered before the seek (all past the hole) are
-passed over, and so is a record delivered again below the expected offset
-(Faust's own seeks and buffers deliver some twice): it was processed already,
-and processing it again would only answer it twice. The first record fetched
-after the seek tells what happened: the one sought for (the hole is filled),
-or a later one, still inside the hole (those offsets did not come back). A
-hole is accepted as real (transaction markers, say) only when the same first
-record comes back after :data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a
-record that repeats, or a stream that restarts past the hole, means a seek
-was lost, and it is redone; so is a seek whose records have not come back
-within ``reseek_after_ms`` (the stream kept delivering records past the hole,
-or nothing at all: :meth:`Continuity.overdue` names those for a timer).
+So the lane reader checks every lane record against the next offset it
+expected for its partition. A record past that offset means records were
+skipped: the reader seeks back and reads them again. Records buffered before
+the seek (all past the hole) are passed over, and so is a record delivered
+again below the expected offset: it was processed already, and processing it
+again would only answer it twice. The first record fetched after the seek
+tells what happened: the one sought for (the hole is filled), or a later one,
+still inside the hole (those offsets did not come back). A hole is accepted as
+real (transaction markers, say) only when the same first record comes back
+after :data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a record that repeats,
+or a stream that restarts past the hole, means a seek was lost, and it is
+redone; so is a seek whose records have not come back within
+``reseek_after_ms`` (the stream kept delivering records past the hole, or
+nothing at all: :meth:`Continuity.overdue` names those for a timer).
 
 Pure: no Faust imports; the caller performs the seek.
 """

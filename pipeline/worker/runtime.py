@@ -1,20 +1,24 @@
 """The worker's core, free of Faust: intake → dedupe → scheduler → model → answers.
 
-Every input that :meth:`Runtime.submit` accepts ends in exactly one result or
-one dead letter (see :mod:`pipeline.worker.answers` for the order of publish, ack,
-store and release). Between intake and the model, three levels of dedupe:
-a stored result, a computation already in flight, a twin in the same batch
-(the last two, and the model call itself, in :mod:`pipeline.worker.compute`).
+Every input that :meth:`Runtime.take` (or :meth:`Runtime.submit`) takes on ends
+in exactly one result or one dead letter (see :mod:`pipeline.worker.answers`
+for the order of publish, ack, store and release). Between intake and the
+model, three levels of dedupe: a stored result, a computation already in
+flight, a twin in the same batch (the last two, and the model call itself, in
+:mod:`pipeline.worker.compute`).
 
 Faust is reached only through injected callables: the producer's send (in
 the publisher), the table the stored results live in, and ``ack`` for a
 released input.
 
-Pausing a lane closes its gate: the lane's agent stops taking records, its
-Faust stream buffer fills, and Faust's flow control takes the lane's
-partitions out of the fetcher until the buffer drains. (faust-streaming
-0.15.3's ``Consumer.pause_partitions`` is not used: it drops records already
-fetched for a paused partition, which then only come back after a restart.)
+A lane takes no record while it is paused (its queue at its bound, or load
+shedding), while work its full queue refused is parked, or while it holds as
+many inputs as its bounds allow (:meth:`Runtime.has_room`); whoever feeds the
+runtime is told when that may have changed (``on_room``). The lane reader
+then leaves the lane's records in its buffer, which stops the partitions'
+fetching once full. (faust-streaming 0.15.3's ``Consumer.pause_partitions``
+is not used: it drops records already fetched for a paused partition, which
+then only come back after a restart.)
 """
 
 from __future__ import annotations
