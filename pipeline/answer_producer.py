@@ -166,6 +166,20 @@ class AnswerProducer:
         self.outstanding += 1
         return fut
 
+    def produce_nowait(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        partition: int,
+        on_delivery: Callable[[KafkaError | None, Any], None],
+    ) -> None:
+        """Hand one record to librdkafka without a future: ``on_delivery(err, msg)`` runs
+        on the polling thread (keep it short; it must not touch the event loop). For
+        records nobody awaits (the dedupe changelog); raises BufferError (nothing
+        queued) while librdkafka's queue is full, KafkaException when refused."""
+        self._producer.produce(topic, value, key, partition, on_delivery=on_delivery)
+
     def _delivered(
         self, fut: asyncio.Future[int], topic: str, err: KafkaError | None, msg: Any
     ) -> None:

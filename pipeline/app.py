@@ -241,7 +241,7 @@ class _RuntimeHolder(Service):
             dlq_topic=s.topics.dlq_topic,
             on_fatal=self._answer_path_failed,
         )
-        self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.send_nowait)
+        self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.produce_nowait)
         stored = StoredResults(self.changelog, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
         self.runtime = Runtime(
             s,

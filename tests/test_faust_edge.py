@@ -165,7 +165,8 @@ def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:
     """A ChangelogStore write lands in the partition store of the record it is made
     for and its changelog record goes to that partition; a lookup finds it from any
-    record (every partition held is searched); a write outside any record is refused."""
+    record (every partition held is searched); a write outside any record is refused;
+    the changelog offsets the producer reports delivered become the persisted ones."""
     done = _python(
         f"""
         import asyncio, json
@@ -178,10 +179,11 @@ def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -
         table = app.Table("dedupe", key_type=bytes, value_type=bytes, partitions=3)
         sent = []
 
-        def send(topic, key, value, partition):
+        deliveries = []
+
+        def send(topic, key, value, partition, on_delivery):
             sent.append((topic, key.decode(), value.decode(), partition))
-            fut = asyncio.get_event_loop().create_future()
-            return fut
+            deliveries.append(on_delivery)
 
         async def main():
             store = faust_edge.ChangelogStore(table, send)
@@ -199,6 +201,14 @@ def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -
                 store[b"x"] = b"y"
             except RuntimeError as exc:
                 out["outside"] = str(exc)
+            # The producer reports the changelog record delivered at offset 7 (on its
+            # polling thread); once flushed, that is partition 1's persisted offset.
+            from faust.types import TP
+            changelog = TP("edge-test-dedupe-changelog", 1)
+            deliveries[0](None, SimpleNamespace(partition=lambda: 1, offset=lambda: 7))
+            out["persisted_before"] = dbs.persisted_offset(changelog)
+            store.flush_offsets()
+            out["persisted"] = dbs.persisted_offset(changelog)
             return out
 
         out = asyncio.run(main())
@@ -214,3 +224,5 @@ def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -
     assert out["any"] == "v"
     assert out["sent"] == [["edge-test-dedupe-changelog", "k", "v", 1]]
     assert "in_partition_of" in out["outside"]
+    assert out["persisted_before"] is None
+    assert out["persisted"] == 7
