@@ -20,8 +20,10 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
     (``peek_request_id`` names one too large to decode); a bad one becomes
     a dead letter;
   - the stored-result lookup (``pipeline/dedupe.py``) answers a repeat from
-    the store; the rest is queued in ``pipeline/scheduling/``, which forms
-    batches by lane and deadline;
+    the store; the rest is queued through its lane's gate (``gates.py``:
+    pauses, and work parked while its lane's queue is full) in
+    ``pipeline/scheduling/``, which forms batches by lane and deadline and is
+    the only judge of expiry;
 
 - ``compute.py``: a batch deduped again (in flight, same batch), through the
   model (``pipeline/inference/``, its own thread), retried, fallen back;

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
 from pipeline.worker.answers import AckFn, Answers, StoreFn
 from pipeline.worker.compute import Compute
+from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
 from pipeline.worker.records import Incoming, Work
 
@@ -89,8 +89,14 @@ class Runtime:
             expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
             controller=self.controller,
         )
+        self.gates: LaneGates[Work] = LaneGates(
+            self.scheduler,
+            self.metrics,
+            shed_lanes=lambda: self.guard.actions.paused_lanes,
+            on_room=on_room,
+        )
         self.guard = Guard(
-            settings, scheduler=self.scheduler, metrics=self.metrics, on_shed=self._apply_pauses
+            settings, scheduler=self.scheduler, metrics=self.metrics, on_shed=self.gates.apply
         )
         self.answers = Answers(
             settings,
@@ -101,7 +107,7 @@ class Runtime:
             clock_ms=clock_ms,
             stored=self.stored,
             store_in_context=store_in_context,
-            on_room=self._room_freed,
+            on_room=self.gates.room_freed,
         )
         self.compute = Compute(
             settings,
@@ -117,12 +123,6 @@ class Runtime:
             spawn=self._spawn,
             serve_stored=self._serve_stored,
         )
-        self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
-        self.paused: set[str] = set()  # lanes paused now, for any reason: take none
-        # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
-        self._parked: dict[str, deque[Item[Work]]] = {lane: deque() for lane in LANES}
-        self._room_changed = asyncio.Event()
-        self._on_room = on_room or (lambda: None)
         self._lane_deadline_ms = {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES}
         self._max_tokens = settings.model.max_length
         self._wake = asyncio.Event()
@@ -153,9 +153,7 @@ class Runtime:
         """Whether :meth:`take` may take a record of ``lane`` with ``size`` bytes now: the
         lane is not paused, none of its work waits for queue room, and it holds few
         enough inputs (records and bytes)."""
-        return (
-            lane not in self.paused and not self._parked[lane] and self.answers.has_room(lane, size)
-        )
+        return self.gates.open(lane) and self.answers.has_room(lane, size)
 
     def take(self, incoming: Incoming) -> bool:
         """Take one consumed record on, at once (the caller asked :meth:`has_room`):
@@ -200,8 +198,8 @@ class Runtime:
         origin = incoming.origin
         size = len(origin.value or b"") + len(origin.key or b"")
         while not self.has_room(incoming.lane, size):
-            self._room_changed.clear()
-            if not await self._until_set(self._room_changed, epoch):
+            self.gates.room_changed.clear()
+            if not await self._until_set(self.gates.room_changed, epoch):
                 return False
         return self.take(incoming)
 
@@ -218,64 +216,21 @@ class Runtime:
                 w.cancel()
         return self._epoch == epoch
 
-    def _room_freed(self) -> None:
-        """A lane may take records again: wake whoever feeds the runtime."""
-        self._room_changed.set()
-        self._on_room()
-
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
             work.stored_unusable = True  # unreadable or another version's: compute afresh
             self._offer(work)
 
     def _offer(self, work: Work) -> None:
-        """Hand work to the scheduler; park it (and pause its lane) while its lane is full."""
+        """Hand work to the scheduler, through its lane's gate (parked while it is full)."""
         req = work.request
         # A cheap estimate (about four characters per token) is enough to bucket by length.
         tokens = min(self._max_tokens, len(req.text) // 4 + 2)
         deadline = self.guard.deadline_ms(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
-        item = Item(work, req.lane, deadline, work.arrived_ms, tokens)
-        parked = self._parked[req.lane]
-        if parked or not self.scheduler.offer(item):
-            parked.append(item)
-            self._apply_pauses()
+        self.gates.offer(Item(work, req.lane, deadline, work.arrived_ms, tokens))
         self._wake.set()
-
-    def _unpark(self) -> None:
-        """Queue parked work, oldest first, while its lane has room."""
-        for parked in self._parked.values():
-            if not parked:
-                continue
-            while parked and self.scheduler.offer(parked[0]):
-                parked.popleft()
-            if not parked:
-                self._room_freed()
-
-    def _apply_pauses(self) -> None:
-        """Pause the lanes that full queues or load shedding want paused; resume the rest."""
-        self._unpark()
-        for lane in self.scheduler.lanes_to_pause():
-            self._queue_paused.add(lane)
-        for lane in self.scheduler.lanes_to_resume():
-            self._queue_paused.discard(lane)
-        want = self._queue_paused | self.guard.actions.paused_lanes
-        for lane in reversed(LANES):  # realtime is paused last and resumed first
-            if lane in want and lane not in self.paused:
-                self.paused.add(lane)
-                self.metrics.paused(lane, True)
-                why = "queue at its bound" if lane in self._queue_paused else "load shedding"
-                log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
-        resumed = False
-        for lane in LANES:
-            if lane not in want and lane in self.paused:
-                self.paused.discard(lane)
-                self.metrics.paused(lane, False)
-                log.info("lane %s resumed", lane)
-                resumed = True
-        if resumed:
-            self._room_freed()
 
     # -- batches --------------------------------------------------------------
 
@@ -320,7 +275,7 @@ class Runtime:
             self._wake.clear()
             plan = self.scheduler.next_batch(now)
             if plan is not None:
-                self._apply_pauses()
+                self.gates.apply()
                 for item in plan.expired:
                     req = item.payload.request
                     late = now - req.deadline_ms
@@ -375,16 +330,13 @@ class Runtime:
         many inputs were abandoned."""
         entries = list(self.scheduler.queues.all_entries())
         self.scheduler.queues.remove(entries)
-        unstarted = [e.item.payload for e in entries]
-        for parked in self._parked.values():
-            unstarted.extend(item.payload for item in parked)
-            parked.clear()
+        unstarted = [e.item.payload for e in entries] + self.gates.give_up()
         self._epoch += 1
         giving_up, self._giving_up = self._giving_up, asyncio.Event()
         giving_up.set()
         stranded = self.answers.give_up([work.incoming for work in unstarted])
         self._forget(stranded)
-        self._apply_pauses()
+        self.gates.apply()
         if unstarted:
             log.info(
                 "rebalance: %d inputs not yet started given up (read again by the "
@@ -403,7 +355,7 @@ class Runtime:
         while True:
             await asyncio.sleep(interval_s)
             self.guard.tick(self._clock_ms())
-            self._apply_pauses()
+            self.gates.apply()
             for lane in LANES:
                 self.metrics.queue_depth(lane, self.scheduler.depth(lane))
             self.metrics.inflight(self.answers.inflight_count())

@@ -1,0 +1,110 @@
+"""Lane gates: which lanes take records now, and work waiting for room in a lane queue.
+
+A lane is closed while it is paused (its scheduler queue reached its bound,
+or load shedding pauses it) or while work its full queue refused is parked;
+realtime is paused last and resumed first. Parked work is queued again,
+oldest first, as soon as its lane's queue has room. Whenever a lane may take
+records again, ``on_room`` tells whoever feeds the runtime (the lane reader).
+
+No Faust, no Kafka: the scheduler and the shedding policy are injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from pipeline.metrics import PipelineMetrics
+from pipeline.scheduling import Item, Scheduler
+from pipeline.settings import LANES
+
+__all__ = ["LaneGates"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class LaneGates(Generic[T]):
+    """Pauses and parked work per lane (see the module's promise)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler[T],
+        metrics: PipelineMetrics,
+        *,
+        shed_lanes: Callable[[], frozenset[str] | set[str]],
+        on_room: Callable[[], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self._shed_lanes = shed_lanes
+        self._on_room = on_room or (lambda: None)
+        self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
+        self.paused: set[str] = set()  # lanes paused now, for any reason: take none
+        # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
+        self._parked: dict[str, deque[Item[T]]] = {lane: deque() for lane in LANES}
+        #: Set whenever a lane may take records again; waiters clear it before they look.
+        self.room_changed = asyncio.Event()
+
+    def open(self, lane: str) -> bool:
+        """Whether ``lane`` takes records now (not paused, nothing parked)."""
+        return lane not in self.paused and not self._parked[lane]
+
+    def offer(self, item: Item[T]) -> None:
+        """Queue ``item`` in the scheduler; park it (and pause its lane) while the lane's
+        queue is full or earlier work of the lane is parked."""
+        parked = self._parked[item.lane]
+        if parked or not self.scheduler.offer(item):
+            parked.append(item)
+            self.apply()
+
+    def apply(self) -> None:
+        """Queue parked work where there is room; pause the lanes that full queues or
+        load shedding want paused; resume the rest."""
+        self._unpark()
+        for lane in self.scheduler.lanes_to_pause():
+            self._queue_paused.add(lane)
+        for lane in self.scheduler.lanes_to_resume():
+            self._queue_paused.discard(lane)
+        want = self._queue_paused | self._shed_lanes()
+        for lane in reversed(LANES):  # realtime is paused last and resumed first
+            if lane in want and lane not in self.paused:
+                self.paused.add(lane)
+                self.metrics.paused(lane, True)
+                why = "queue at its bound" if lane in self._queue_paused else "load shedding"
+                log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
+        resumed = False
+        for lane in LANES:
+            if lane not in want and lane in self.paused:
+                self.paused.discard(lane)
+                self.metrics.paused(lane, False)
+                log.info("lane %s resumed", lane)
+                resumed = True
+        if resumed:
+            self.room_freed()
+
+    def _unpark(self) -> None:
+        for parked in self._parked.values():
+            if not parked:
+                continue
+            while parked and self.scheduler.offer(parked[0]):
+                parked.popleft()
+            if not parked:
+                self.room_freed()
+
+    def room_freed(self) -> None:
+        """A lane may take records again: wake whoever feeds the runtime."""
+        self.room_changed.set()
+        self._on_room()
+
+    def give_up(self) -> list[T]:
+        """Take every parked work out (a rebalance gives up what was not started)."""
+        out: list[T] = []
+        for parked in self._parked.values():
+            out.extend(item.payload for item in parked)
+            parked.clear()
+        return out
