@@ -1,0 +1,329 @@
+"""Holes in a lane partition that are real: transaction markers (issue 15, behaviour 9).
+
+A real broker and a real worker process (the ``noop`` model). Requests are
+produced to a one-partition lane in small Kafka transactions: each commit or
+abort writes a control marker, an offset no consumer ever sees. The worker's
+reader (pipeline/worker/lane_reader.py, continuity.py) takes the record after
+each marker for a sign of skipped records, seeks back for the marker's offset,
+gets the same record again, and after ``SEEKS_BEFORE_ACCEPTING`` seeks accepts
+the offset as a hole and hands it to Faust's commit (``faust_edge.add_gap``);
+the records fetched past the hole before the seek are passed over and dropped
+from Faust's unacked set (``faust_edge.forget``).
+
+Checked here, for records produced before the worker starts and while it runs:
+every input answered exactly once (the ledger), the group's committed offset
+at the log end, markers included (the accepted holes reached Faust's commit),
+the worker's log naming each hole sought back for and then accepted, and a
+clean stop on SIGTERM (the harness fails a worker that needs SIGKILL).
+
+Two transactions that overlap put their markers side by side: a hole of two
+offsets. That one is needed: Faust's commit passes over a hole of one offset
+right after its committed offset by itself (``Consumer._new_offset`` only
+holds back when ``min(acked) - committed > 1``), so with single markers alone
+the test passed even with ``add_gap`` made a no-op; with the two-offset hole
+the commit stops before it and the test fails.
+
+The worker's consumer reads ``read_uncommitted`` (Faust asks for
+``read_committed`` only with ``processing_guarantee="exactly_once"``, which
+the pipeline does not set), so the records of an aborted transaction are
+delivered and answered like any other, once each; the ledger's own consumer
+(librdkafka's default, ``read_committed``) does not see them as inputs.
+
+A second test joins a second worker while the first holds records in its lane
+buffer (a lane with room for few inputs in flight): the revoke drops them
+(their offsets stay uncommitted) and they are read again by the partitions'
+next owners; the ledger still finds an answer for every input, and repeats
+no more than the inputs answered past the last commit before the revoke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from harness import Deployment
+from ledger import Kill, Ledger, answered_past_commit, check_ledger, committed, log_end
+
+from pipeline.client import RequestProducer, request_bytes
+from pipeline.dedupe import content_hash
+from pipeline.security import client_config
+from pipeline.settings import LANES, Settings
+from pipeline.worker.continuity import SEEKS_BEFORE_ACCEPTING
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
+
+SKIPPED = re.compile(
+    r"(\S+)\[(\d+)\]: records (\d+)\.\.(\d+) were skipped by the consumer; reading them again"
+)
+ACCEPTED = re.compile(r"(\S+)\[(\d+)\]: offsets (\d+)\.\.(\d+) do not exist \(accepted as a gap\)")
+DROPPED = re.compile(r"rebalance: (\d+) buffered lane records dropped \(read again after it\)")
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.5)
+
+
+class Transactions:
+    """A transactional producer to partition 0 of one lane; notes each record's offset."""
+
+    def __init__(self, settings: Settings, lane: str, name: str) -> None:
+        self.settings = settings
+        self.topic = settings.topics.lane_topic(lane)
+        self.offsets: dict[str, int] = {}  # request_id -> offset
+        self.errors: list[str] = []
+        self._producer = Producer(
+            {
+                **client_config(settings),
+                "transactional.id": f"{settings.topics.prefix}{name}",
+                "acks": "all",
+                "linger.ms": 5,
+            }
+        )
+        self._producer.init_transactions(60)
+
+    def _delivered(self, rid: str) -> Callable[[object, object], None]:
+        def on_delivery(err: object, msg: object) -> None:  # never raises: librdkafka's thread
+            if err is None:
+                self.offsets[rid] = msg.offset()  # type: ignore[attr-defined]
+            else:
+                self.errors.append(f"{rid}: {err}")
+
+        return on_delivery
+
+    def begin(self, request_ids: list[str]) -> None:
+        """Open a transaction of one request per id, its records written (so a
+        read_uncommitted consumer sees them before the transaction ends)."""
+        self._producer.begin_transaction()
+        for rid in request_ids:
+            text = f"transactional request {rid}"
+            _, value = request_bytes(text, request_id=rid, source="test_offset_holes")
+            key = content_hash(text, self.settings.model.model_id).encode("ascii")
+            self._producer.produce(
+                self.topic, value=value, key=key, partition=0, on_delivery=self._delivered(rid)
+            )
+        assert self._producer.flush(30) == 0
+        assert not self.errors, self.errors
+        assert all(rid in self.offsets for rid in request_ids)
+
+    def end(self, *, commit: bool) -> None:
+        """Commit or abort the open transaction: its marker takes the next offset."""
+        if commit:
+            self._producer.commit_transaction(30)
+        else:
+            self._producer.abort_transaction(30)
+
+    def close(self) -> None:
+        """Destroy the client here, in the test's thread (librdkafka aborts the process
+        when a client is destroyed from one of its own threads: see ledger.py)."""
+        self._producer.flush(10)
+        del self._producer
+
+
+def _plain(settings: Settings, rid: str) -> None:
+    """One request outside any transaction, so the last marker has a record after it."""
+    with RequestProducer(settings) as producer:
+        producer.send(f"plain request {rid}", lane="bulk", request_id=rid)
+
+
+def _lane_committed(dep: Deployment, topic: str) -> int:
+    done = committed(dep.settings.kafka.bootstrap_servers, dep.settings.worker.app_id, [topic])
+    return done[(topic, 0)]
+
+
+def _lane_end(dep: Deployment, topic: str) -> int:
+    return log_end(dep.settings.kafka.bootstrap_servers, [topic])[(topic, 0)]
+
+
+def _wait_committed_to_end(dep: Deployment, topic: str, timeout_s: float, what: str) -> int:
+    """Wait until the group has committed partition 0 of ``topic`` up to its log end
+    (read now); return that end."""
+    end = _lane_end(dep, topic)
+    try:
+        _wait_for(lambda: _lane_committed(dep, topic) >= end, timeout_s, what)
+    except TimeoutError:
+        raise AssertionError(
+            f"{what}: committed {_lane_committed(dep, topic)}, log end {end}"
+        ) from None
+    return end
+
+
+def _phase(one: Transactions, two: Transactions, tag: str) -> list[str]:
+    """An aborted transaction of 3 requests (one marker), two committed transactions of
+    2 that overlap (their markers side by side: a hole of two offsets, which Faust's
+    commit does not pass over by itself), then a plain request (so the last marker
+    has a record after it); return the aborted request ids."""
+    aborted = [f"{tag}-a-{i}" for i in range(3)]
+    one.begin(aborted)
+    one.end(commit=False)
+    one.begin([f"{tag}-one-{i}" for i in range(2)])
+    two.begin([f"{tag}-two-{i}" for i in range(2)])
+    one.end(commit=True)
+    two.end(commit=True)
+    _plain(one.settings, f"{tag}-plain")
+    return aborted
+
+
+def _holes(offsets: list[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive ``offsets``, as (first, last)."""
+    runs: list[tuple[int, int]] = []
+    for o in sorted(offsets):
+        if runs and runs[-1][1] == o - 1:
+            runs[-1] = (runs[-1][0], o)
+        else:
+            runs.append((o, o))
+    return runs
+
+
+def _ranges(pattern: re.Pattern[str], log: str, topic: str) -> list[tuple[int, int]]:
+    return [(int(m[3]), int(m[4])) for m in pattern.finditer(log) if (m[1], m[2]) == (topic, "0")]
+
+
+def test_transaction_markers_are_sought_back_for_then_committed_past(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    dep = Deployment.create(
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
+        PIPELINE_MODEL_TASK="noop",
+        PIPELINE_METRICS_SAMPLE_INTERVAL_S="60",
+    )
+    topic = dep.settings.topics.lane_topic("bulk")
+    one, two = Transactions(dep.settings, "bulk", "one"), Transactions(dep.settings, "bulk", "two")
+    # Produced before the worker starts: the first fetch holds records past each marker.
+    aborted = _phase(one, two, "before")
+    with contextlib.closing(one), contextlib.closing(two), dep.worker() as worker:
+        end = _wait_committed_to_end(dep, topic, 60, "before: commit at log end")
+        # The worker's log lets 5 warnings of a kind through per 10 s (RepeatFilter,
+        # pipeline/logs.py); each hole logs 2 or more: wait for a fresh window.
+        time.sleep(10.5)
+        # Produced while the worker runs: each marker lands after its records were read.
+        aborted += _phase(one, two, "running")
+        end = _wait_committed_to_end(dep, topic, 60, "running: commit at log end")
+        assert _lane_committed(dep, topic) == end  # markers included: holes reached the commit
+
+        ledger = Ledger(dep.settings)
+        ledger.read(time.monotonic() + 60)
+        # read_uncommitted: the aborted transactions' requests are answered, once each;
+        # the ledger's read_committed consumer has no input for them.
+        aborted_results = {rid: ledger.results.pop(rid, []) for rid in aborted}
+        assert {rid: len(r) for rid, r in aborted_results.items()} == dict.fromkeys(aborted, 1)
+        assert ledger.missing() == []
+        assert ledger.duplicates() == 0
+        ledger.check_repeats(atol=1e-4)
+        assert len(ledger.inputs) == 2 * (2 + 2 + 1)
+        log = worker.log()
+
+    # Every offset no record was produced at is a marker: one per transaction.
+    seen = set(one.offsets.values()) | set(two.offsets.values())
+    seen |= {o for _t, _p, o in ledger.inputs}
+    markers = sorted(set(range(end)) - seen)
+    assert len(markers) == 2 * 3, (markers, sorted(seen))
+    holes = _holes(markers)
+    assert [high - low for low, high in holes] == [0, 1, 0, 1], holes
+    assert sorted(_ranges(ACCEPTED, log, topic)) == holes, log[-4000:]
+    skipped = _ranges(SKIPPED, log, topic)
+    for low, high in holes:  # sought back for, SEEKS_BEFORE_ACCEPTING times, then accepted
+        assert skipped.count((low, high)) >= SEEKS_BEFORE_ACCEPTING, (low, high, skipped)
+        first_seek = log.index(f"{topic}[0]: records {low}..{high} were skipped")
+        assert first_seek < log.index(f"{topic}[0]: offsets {low}..{high} do not exist")
+
+
+REVOKING = re.compile(
+    r"^\[([0-9-]+ [0-9:,]+)\] .* Revoking previously assigned partitions frozenset", re.M
+)
+
+
+class CommitSampler:
+    """The group's committed offsets of ``topics``, read every 0.2 s in a thread."""
+
+    def __init__(self, settings: Settings, topics: list[str]) -> None:
+        self._args = (settings.kafka.bootstrap_servers, settings.worker.app_id, topics)
+        self.samples: list[tuple[float, dict[tuple[str, int], int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            at = time.time()
+            with contextlib.suppress(Exception):  # a slow read is skipped, not fatal
+                self.samples.append((at, committed(*self._args, timeout_s=5.0)))
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> CommitSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def last_before(self, at: float) -> dict[tuple[str, int], int]:
+        """The last offsets read before ``at`` (wall clock, seconds)."""
+        earlier = [offsets for when, offsets in self.samples if when < at]
+        assert earlier, "no committed offsets were read before the revoke"
+        return earlier[-1]
+
+
+#: Faust's group timeouts, short: the second worker's join revokes within seconds.
+FAST_GROUP = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
+MAX_INFLIGHT = 4
+
+
+def test_records_buffered_at_a_revoke_are_read_again_by_the_next_owner(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A lane with room for MAX_INFLIGHT inputs keeps the rest of each fetch in the lane
+    buffer; a second worker joins; the first drops what it buffered (the revoke must
+    not wait for them) and the partitions' owners after the rebalance read those
+    offsets again. Repeats come only from inputs answered and not yet committed when
+    the revoke began: Faust's commit during the revoke was seen not to move the
+    group's offsets, so that is about one commit interval of answers (2.8 s).
+    (The runtime's own queue at a revoke is test_rebalance_give_up.py's.)"""
+    requests = 3000
+    dep = Deployment.create(
+        kafka_bootstrap,
+        tmp_path,
+        partitions=2,
+        PIPELINE_MODEL_TASK="noop",
+        PIPELINE_BATCH_MAX_INFLIGHT=str(MAX_INFLIGHT),
+        PIPELINE_DEDUPE_ENABLED="false",
+        PIPELINE_METRICS_SAMPLE_INTERVAL_S="60",
+    )
+    lanes = [dep.settings.topics.lane_topic(lane) for lane in LANES]
+    with dep.worker("worker-0", **FAST_GROUP) as first:
+        with RequestProducer(dep.settings) as producer:
+            for i in range(requests):
+                producer.send(f"buffered request {i}", lane="bulk", request_id=f"b-{i}")
+        assert len(dep.answers(expect=5, timeout_s=60)) == 5  # the backlog is being served
+        with CommitSampler(dep.settings, lanes) as sampler, dep.worker("worker-1", **FAST_GROUP):
+            _wait_for(lambda: bool(DROPPED.search(first.log())), 120, "no buffered records dropped")
+            time.sleep(2.0)  # answers of batches running at the revoke: counted in the bound
+            revoked_by_ms = int(time.time() * 1000)
+            summary = check_ledger(
+                dep.settings, max_duplicates=requests, expect_inputs=requests, timeout_s=180
+            )
+            # Commits only move forward: the last one seen before the revoke began is at
+            # most where the next owners started, so the inputs past it answered before
+            # the revoke (and its running batches) bound the repeats.
+            revoke = REVOKING.search(first.log())
+            assert revoke is not None
+            began = datetime.strptime(revoke[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            before = sampler.last_before(began)
+            bound = answered_past_commit(dep.settings, [Kill(revoked_by_ms, before)])
+        match = DROPPED.search(first.log())
+        assert match is not None and int(match[1]) > 0
+    print(summary, f"dropped at the revoke: {match[1]}; bound {bound}")
+    assert summary["missing"] == 0
+    assert summary["duplicates"] <= bound < requests, (summary, bound)
