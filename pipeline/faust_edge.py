@@ -209,18 +209,6 @@ def committed(consumer: Any, tp: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _write_options() -> Any:
-    from rocksdict import WriteOptions
-
-    options = WriteOptions()
-    # The changelog is the durable copy: an entry a crash takes from the local store
-    # only costs a recomputation (RocksDB's write-ahead log doubled a write's cost).
-    options.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stubs say method
-    return options
-
-
-_NO_WAL = _write_options()
-
 #: Sends one changelog record without waiting: (topic, key, value, partition,
 #: on_delivery(err, msg) called on the producer's polling thread); raises BufferError
 #: while the producer's queue is full.
@@ -269,7 +257,7 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         partition = _PARTITION.get()
         if partition is None:
             raise RuntimeError("a dedupe entry is written for a record (in_partition_of)")
-        self._data._db_for_partition(partition).put(key, value, _NO_WAL)
+        self._data._db_for_partition(partition).put(key, value)
         try:
             self._send(self._topic, key, value, partition, self._done)
         except BufferError:
