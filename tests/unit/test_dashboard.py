@@ -1,5 +1,6 @@
 """pipeline.dashboard: panels read from the dashboard JSON, curves drawn as a PNG, the
-CLI's errors, and (kafka + slow) a real worker run drawn through a real Prometheus."""
+CLI's errors. A real worker run drawn through a real Prometheus (kafka + slow) is in
+tests/kafka/test_dashboard_live.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support.ops import needs_prometheus
 
 from pipeline.cli import main
 from pipeline.dashboard import (
@@ -250,38 +250,3 @@ def test_scenario_plays_each_phase_at_its_rate_with_the_burst_at_the_overload() 
     realtime = sum(1 for r in workload if r.lane == "realtime")
     assert 0.35 < realtime / (len(workload) - 50) < 0.65
     assert [name for _, _, name in scenario.phases()] == ["healthy", "overload", "recovery"]
-
-
-# -- a real run ----------------------------------------------------------------
-
-
-@pytest.mark.kafka
-@pytest.mark.slow
-@needs_prometheus
-def test_record_draws_a_real_worker_run(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from pipeline.dashboard.record import Scenario, record
-
-    panels = load_panels(titles=DEFAULT_PANELS)
-    scenario = Scenario(
-        healthy_s=4, overload_s=4, recovery_s=4, rate=2.0, burst=12, tail_s=5, answer_timeout_s=120
-    )
-    run = record(kafka_bootstrap, panels, scenario, tmp_path, say=lambda _m: None)
-    assert run.sent == len(scenario.workload()) and run.answered == run.sent
-    assert run.model.get("device") in {"cpu", "cuda"}
-
-    def finite(title: str) -> dict[str, int]:
-        """Finite points per lane label in a panel's curves."""
-        counts: dict[str, int] = {}
-        for s in run.curves.series[title]:
-            n = sum(1 for _, v in s.points if math.isfinite(v))
-            counts[s.labels.get("lane", "")] = counts.get(s.labels.get("lane", ""), 0) + n
-        return counts
-
-    latency = finite("Request latency p50 / p95 / p99 by lane")
-    assert sum(latency.values()) > 0, run.curves.series
-    depth = finite("Queue depth by lane")
-    assert all(depth.get(lane, 0) >= 5 for lane in ("realtime", "standard", "bulk")), depth
-    names = [name for _, _, name in run.curves.phases]
-    assert names == ["healthy", "overload", "recovery", "no new traffic"]
-    png = render(panels, run.curves)
-    assert png.startswith(b"\x89PNG")

@@ -41,6 +41,6 @@ def test_model_id_and_lane_expiry() -> None:
 
 
 def test_readme_lists_every_variable() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [var for var, _, _ in describe() if var not in readme]
     assert missing == []

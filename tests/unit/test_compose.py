@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.settings import KAFKA_VERSION
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compose() -> dict[str, Any]:

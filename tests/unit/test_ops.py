@@ -26,7 +26,7 @@ from pipeline.metrics import PREFIX, PipelineMetrics, start_metrics_server
 from pipeline.settings import MetricsSettings
 from pipeline.supervise import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
 PROMETHEUS_YML = OPS / "prometheus" / "prometheus.yml"
 ALERTS_YML = OPS / "prometheus" / "alerts.yml"

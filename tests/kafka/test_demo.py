@@ -14,7 +14,7 @@ from support import free_ports, require
 from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _setup_is_current() -> bool:
