@@ -56,11 +56,55 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require(*mark.args)
 
 
+#: The folders mirror what a test loads: a test in kafka/ carries ``kafka``, one in
+#: faults/ carries ``faults``, and ``kafka`` or ``faults`` appears nowhere else, except
+#: in these modules, which mix both kinds along no clean line (named by file).
+MIXED = frozenset(
+    {
+        "unit/test_answer_producer.py",
+        "unit/test_cli_errors.py",
+        "unit/test_hostile_input.py",
+        "kafka/test_commands_options.py",
+        "kafka/test_kafka_local.py",
+        "kafka/test_security.py",
+        "kafka/test_worker_process.py",
+    }
+)
+TESTS = Path(__file__).resolve().parent
+
+
+def folder_mismatch(item: pytest.Item) -> str | None:
+    """Why ``item``'s markers do not match its folder (unit/, kafka/, faults/), or None."""
+    rel = item.path.resolve().relative_to(TESTS).as_posix()
+    folder = rel.split("/", 1)[0]
+    kafka, faults = (item.get_closest_marker(m) is not None for m in ("kafka", "faults"))
+    if folder not in ("unit", "kafka", "faults"):
+        return "a test module belongs in tests/unit, tests/kafka or tests/faults"
+    if rel in MIXED:
+        return None
+    if folder == "kafka" and not kafka:
+        return "a test in tests/kafka needs the kafka marker (or it belongs in tests/unit)"
+    if folder == "faults" and not faults:
+        return "a test in tests/faults needs the faults marker"
+    if folder == "unit" and (kafka or faults):
+        return "a test marked kafka or faults belongs in tests/kafka or tests/faults"
+    if folder == "kafka" and faults:
+        return "a test marked faults belongs in tests/faults"
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that loads the real MiniLM (the ``minilm`` fixture) is ``slow``."""
+    """A test that loads the real MiniLM (the ``minilm`` fixture) is ``slow``; a test
+    whose markers do not match its folder fails collection (:func:`folder_mismatch`)."""
+    wrong = []
     for item in items:
         if "minilm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        why = folder_mismatch(item)
+        if why:
+            wrong.append(f"{item.nodeid}: {why}")
+    if wrong:
+        raise pytest.UsageError("markers do not match folders:\n" + "\n".join(wrong))
 
 
 @pytest.fixture(autouse=True)
