@@ -5,7 +5,7 @@ one event or one reading, and none of them raises for a value it did not
 expect (an unknown lane still gets counted, under its own label). Every
 family's name starts with :data:`PREFIX`; ``ops/grafana`` and
 ``ops/prometheus/alerts.yml`` name only families listed in :data:`FAMILIES`
-(``tests/test_metrics.py`` checks it).
+(``tests/unit/test_metrics.py`` checks it).
 
 :func:`start_metrics_server` serves ``/metrics`` with prometheus_client's own
 HTTP server on a daemon thread (:mod:`pipeline.metrics_server`, re-exported
