@@ -240,6 +240,7 @@ class _RuntimeHolder(Service):
             results_topic=s.topics.results_topic,
             dlq_topic=s.topics.dlq_topic,
             on_fatal=self._answer_path_failed,
+            send_nowait=self.answer_producer.send_nowait,
         )
         self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.produce_nowait)
         stored = StoredResults(self.changelog, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)

@@ -16,7 +16,7 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from pipeline.codec import dead_letter_codec, result_codec
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 #: Sends one record and returns an awaitable that resolves on the broker's ack.
 SendFn = Callable[[str, bytes | None, bytes], Awaitable[Awaitable[Any]]]
+#: Hands one record to the producer at once: the acknowledgement to await; raises
+#: BufferError (nothing queued) while the producer's queue is full.
+SendNowFn = Callable[[str, bytes | None, bytes], Awaitable[Any]]
 #: Stops the worker loudly; called once, with the failure that stopped the answer path.
 FatalFn = Callable[[BaseException], None]
 
@@ -152,8 +155,10 @@ class Publisher:
         results_topic: str,
         dlq_topic: str,
         on_fatal: FatalFn | None = None,
+        send_nowait: SendNowFn | None = None,
     ) -> None:
         self._send = send
+        self._send_nowait = send_nowait
         self.results_topic = results_topic
         self.dlq_topic = dlq_topic
         self._on_fatal = on_fatal
@@ -181,6 +186,34 @@ class Publisher:
     async def _send_acked(self, topic: str, key: bytes | None, value: bytes) -> None:
         try:
             ack = await self._send(topic, key, value)
+            await ack
+        except (asyncio.CancelledError, PublishRejected):
+            raise
+        except Exception as exc:
+            raise self.fail(exc) from exc
+
+    def result_begin(
+        self, key: bytes | None, record: dict[str, Any]
+    ) -> tuple[bytes, Coroutine[Any, Any, None]]:
+        """Encode a result and hand it to the producer now, when it has room; return its
+        bytes and the acknowledgement to await (it raises as :meth:`result` does). So a
+        batch's results all go out before the first acknowledgement is awaited.
+
+        Raises PublishRejected at once when the result cannot be encoded.
+        """
+        try:
+            value = result_codec().encode(record)
+        except Exception as exc:  # nothing was sent: a definite failure
+            raise PublishRejected(f"cannot encode the result: {type(exc).__name__}: {exc}") from exc
+        if self._send_nowait is not None:
+            try:
+                return value, self._acked(self._send_nowait(self.results_topic, key, value))
+            except BufferError:  # the producer's queue is full: wait for room when awaited
+                pass
+        return value, self._send_acked(self.results_topic, key, value)
+
+    async def _acked(self, ack: Awaitable[Any]) -> None:
+        try:
             await ack
         except (asyncio.CancelledError, PublishRejected):
             raise

@@ -27,7 +27,7 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import backoff_ms
 from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
-from pipeline.worker.answers import Answers
+from pipeline.worker.answers import Answer, Answers
 from pipeline.worker.records import Work
 
 __all__ = ["Compute", "Ran"]
@@ -166,14 +166,17 @@ class Compute:
         if engine is self.engine and not retry:
             self.guard.model_result(self._clock_ms(), ok=outcome.failures < outcome.batch_size)
         stats = {"inference_ms": outcome.inference_ms, "batch_size": float(outcome.batch_size)}
+        answers: list[Answer] = []
         for work, result in zip(leaders, outcome.outcomes, strict=True):
             work.stats = stats
             if result.prediction is not None:
-                self._complete(work, result.prediction, None)
+                answers += self._complete(work, result.prediction, None)
             elif work.attempts >= self.settings.retry.max_attempts:
                 self._complete(work, None, result.error or InferenceError("no prediction"))
             else:
                 self._spawn(self._retry(work))
+        if answers:
+            self._spawn(self.answers.results(answers))  # one task for the batch's results
         return Ran(outcome.inference_ms, outcome.n_tokens, outcome.padded_tokens)
 
     async def _retry(self, work: Work) -> None:
@@ -182,19 +185,21 @@ class Compute:
 
     def _complete(
         self, leader: Work, prediction: Prediction | None, error: BaseException | None
-    ) -> None:
-        """Answer every requester of the leader's key; the leader also stores the result."""
+    ) -> list[Answer]:
+        """Every requester of the leader's key: dead-lettered at once on ``error``, else
+        returned as results to publish (the caller publishes a batch's together; the
+        leader's is stored, and until then its result is served from memory)."""
         h = leader.request.dedupe_key
         waiters = self.flight.finish(h)
-        if prediction is not None:
-            self._settled[h] = (prediction, leader)
-        for work in waiters:
-            if prediction is None:
-                assert error is not None
+        if prediction is None:
+            assert error is not None
+            for work in waiters:
                 rid = work.request.request_id
                 self._spawn(self.answers.dead_letter(work.incoming, error, leader.attempts, rid))
-            else:
-                self._spawn(self._answer(work, leader, prediction))
+            return []
+        self._settled[h] = (prediction, leader)
+        stored: Callable[[], object] = lambda: self._settled.pop(h, None)  # noqa: E731
+        return [(work, leader, prediction, stored) for work in waiters]
 
     async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
         h = leader.request.dedupe_key
