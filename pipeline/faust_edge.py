@@ -45,7 +45,7 @@ from collections.abc import (
     Iterator,
     MutableMapping,
 )
-from typing import Any, TypeVar
+from typing import Any
 
 from faust.transport.consumer import Consumer
 from faust.types import TP
@@ -189,16 +189,14 @@ _PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "dedupe_partition", default=None
 )
 
-R = TypeVar("R")
 
-
-def in_partition_of(token: Any, fn: Callable[[], R]) -> R:
+def in_partition_of(token: Any, fn: Callable[[], None]) -> None:
     """Run a dedupe write for the input whose token (Faust message) is ``token``: the
     entry goes to the input's partition of the store, and its changelog record to
     that partition of the changelog."""
     reset = _PARTITION.set(int(token.partition))
     try:
-        return fn()
+        fn()
     finally:
         _PARTITION.reset(reset)
 

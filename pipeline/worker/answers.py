@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from pipeline.codec import result_codec
 from pipeline.dedupe import StoredResults
@@ -27,7 +27,7 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Publisher, dead_letter_record, result_record
 from pipeline.settings import LANES, Settings
 from pipeline.worker.admission import Admission, LaneBounds
-from pipeline.worker.records import Incoming, Request, Work
+from pipeline.worker.records import Incoming, Request, Work, record_size
 
 __all__ = ["Answers"]
 
@@ -37,17 +37,12 @@ AckFn = Callable[[Any], Awaitable[None]]
 #: One result to publish: (work, the leader that computed it, its prediction, called
 #: once the leader's result is stored or will not be).
 Answer = tuple[Work, Work, Prediction, Callable[[], object]]
-R = TypeVar("R")
+#: Runs a dedupe write for the input with this token (into its partition's store).
+StoreFn = Callable[[Any, Callable[[], None]], None]
 
 
-class StoreFn(Protocol):
-    """Runs a dedupe write for the input with this token (into its partition's store)."""
-
-    def __call__(self, token: Any, fn: Callable[[], R], /) -> R: ...
-
-
-def _in_any_partition(token: Any, fn: Callable[[], R]) -> R:
-    return fn()
+def _in_any_partition(token: Any, fn: Callable[[], None]) -> None:
+    fn()
 
 
 class Answers:
@@ -95,7 +90,7 @@ class Answers:
         False when its partition was given up by a rebalance: the input is not this
         worker's to answer any more."""
         origin = incoming.origin
-        size = len(origin.value or b"") + len(origin.key or b"")
+        size = record_size(origin)
         tp = (origin.topic, origin.partition)
         if not self.admission.hold(incoming.lane, tp, origin.offset, size, incoming.token):
             return False

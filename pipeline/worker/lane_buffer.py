@@ -20,15 +20,12 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from pipeline.worker.admission import LaneBounds
+from pipeline.worker.records import record_size
 
 __all__ = ["SKIP", "STOP", "TAKEN", "LaneBuffer"]
 
 #: What a taker says of the record it was shown (:meth:`LaneBuffer.drain`).
 TAKEN, SKIP, STOP = 0, 1, 2
-
-
-def record_size(record: Any) -> int:
-    return len(record.value or b"") + len(record.key or b"")
 
 
 class LaneBuffer:

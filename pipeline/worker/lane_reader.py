@@ -31,8 +31,8 @@ from typing import Any
 
 from pipeline.settings import LANES
 from pipeline.worker.continuity import Continuity
-from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer, record_size
-from pipeline.worker.records import Incoming, Origin
+from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
+from pipeline.worker.records import Incoming, Origin, record_size
 from pipeline.worker.runtime import Runtime
 
 __all__ = ["CHUNK", "Consumer", "LaneReader"]

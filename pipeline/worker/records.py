@@ -14,10 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_REQUEST_ID_CHARS", "Incoming", "Origin", "Request", "Work"]
+__all__ = ["MAX_REQUEST_ID_CHARS", "Incoming", "Origin", "Request", "Work", "record_size"]
 
 #: The longest request id intake accepts (and the client sends).
 MAX_REQUEST_ID_CHARS = 256
+
+
+def record_size(record: Any) -> int:
+    """Bytes a record holds against its lane's bounds: its value and its key. Takes
+    anything with ``value`` and ``key`` (a fetched Faust message, an :class:`Origin`)."""
+    return len(record.value or b"") + len(record.key or b"")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from pipeline.worker.answers import AckFn, Answers, StoreFn
 from pipeline.worker.compute import Compute
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
-from pipeline.worker.records import Incoming, Work
+from pipeline.worker.records import Incoming, Work, record_size
 
 __all__ = ["Runtime", "wall_ms"]
 
@@ -195,8 +195,7 @@ class Runtime:
         full: the per-record form, for callers without a buffer of their own. False when
         a rebalance gave up waiting work meanwhile, or refused the record's partition."""
         epoch = self._epoch
-        origin = incoming.origin
-        size = len(origin.value or b"") + len(origin.key or b"")
+        size = record_size(incoming.origin)
         while not self.has_room(incoming.lane, size):
             self.gates.room_changed.clear()
             if not await self._until_set(self.gates.room_changed, epoch):
