@@ -19,18 +19,20 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
   - ``intake.py``: ``parse`` decodes and validates its value into a Request
     (``peek_request_id`` names one too large to decode); a bad one becomes
     a dead letter;
-  - the stored-result lookup (``pipeline/dedupe.py``) answers a repeat from
-    the store; the rest is queued through its lane's gate (``gates.py``:
-    pauses, and work parked while its lane's queue is full) in
-    ``pipeline/scheduling/``, which forms batches by lane and deadline and is
-    the only judge of expiry;
+  - ``repeats.py``, the one owner of dedupe state (the stored results of
+    ``pipeline/dedupe.py``, computations under way, results not yet
+    stored), answers a repeat whose result is known; the rest is queued
+    through its lane's gate (``gates.py``: pauses, and work parked while its
+    lane's queue is full) in ``pipeline/scheduling/``, which forms batches by
+    lane and deadline and is the only judge of expiry;
 
-- ``compute.py``: a batch deduped again (in flight, same batch), through the
-  model (``pipeline/inference/``, its own thread), retried, fallen back;
+- ``compute.py``: a batch deduped again by ``repeats.py`` (a result known
+  meanwhile, a twin in flight or in the same batch), through the model
+  (``pipeline/inference/``, its own thread), retried, fallen back;
 - ``answers.py``: exactly one result or dead letter per input, built by
   ``pipeline/publish.py`` and sent by ``pipeline/answer_producer.py`` (both
   top-level: replay shares the producer's limits), awaited until the broker
-  acknowledges it, then the dedupe entry stored;
+  acknowledges it, then the dedupe entry stored (``repeats.py``);
 - ``acks.py``: the release: the offset watermark hands Faust only a contiguous
   prefix of each partition's answered offsets to commit.
 

@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from pipeline.codec import result_codec
-from pipeline.dedupe import StoredResults
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
 from pipeline.guard import Guard
 from pipeline.inference import Prediction
@@ -28,21 +27,15 @@ from pipeline.publish import Publisher, dead_letter_record, result_record
 from pipeline.settings import LANES, Settings
 from pipeline.worker.admission import Admission, LaneBounds
 from pipeline.worker.records import Incoming, Request, Work, record_size
+from pipeline.worker.repeats import Repeats
 
 __all__ = ["Answers"]
 
 log = logging.getLogger(__name__)
 
 AckFn = Callable[[Any], Awaitable[None]]
-#: One result to publish: (work, the leader that computed it, its prediction, called
-#: once the leader's result is stored or will not be).
-Answer = tuple[Work, Work, Prediction, Callable[[], object]]
-#: Runs a dedupe write for the input with this token (into its partition's store).
-StoreFn = Callable[[Any, Callable[[], None]], None]
-
-
-def _in_any_partition(token: Any, fn: Callable[[], None]) -> None:
-    fn()
+#: One result to publish: (work, the leader that computed it, its prediction).
+Answer = tuple[Work, Work, Prediction]
 
 
 class Answers:
@@ -57,18 +50,16 @@ class Answers:
         metrics: PipelineMetrics,
         guard: Guard,
         clock_ms: Callable[[], int],
-        stored: StoredResults | None = None,
-        store_in_context: StoreFn | None = None,
+        repeats: Repeats | None = None,
         on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.metrics = metrics
         self.guard = guard
-        self.stored = stored
+        self.repeats = repeats or Repeats(None)
         self._ack = ack
         self._clock_ms = clock_ms
-        self.in_partition: StoreFn = store_in_context or _in_any_partition
         # Per lane, so a flooded bulk lane never blocks realtime intake.
         self.admission: Admission[Any] = Admission(
             LANES,
@@ -113,23 +104,17 @@ class Answers:
         """How long the oldest input accepted and not yet answered has waited (0: none)."""
         return self.admission.oldest_ms()
 
-    async def result(
-        self, work: Work, prediction: Prediction, *, leader: Work, on_stored: Callable[[], object]
-    ) -> None:
-        """Publish ``work``'s result; the leader of a computation also stores it."""
-        await self.results([(work, leader, prediction, on_stored)])
-
     async def results(self, answers: list[Answer]) -> None:
-        """Publish a batch's results, each ``(work, leader, prediction, on_stored)``: all
-        are handed to the producer first, then each acknowledgement is awaited in turn
-        and its input answered as :meth:`result` promises (the leader of a computation
-        also stores it, then calls ``on_stored``). One task for the batch, not one per
-        input: a noop worker spent about a tenth of its time making and running those.
+        """Publish a batch's results, each ``(work, leader, prediction)``: all are handed
+        to the producer first, then each acknowledgement is awaited in turn, the leader
+        of a computation stores its result (:meth:`Repeats.remember`), and the input is
+        released. One task for the batch, not one per input: a noop worker spent about a
+        tenth of its time making and running those.
         """
         begun: list[tuple[Answer, bytes, Coroutine[Any, Any, None] | None, Exception | None]]
         begun = []
         for answer in answers:
-            work, leader, prediction, _on_stored = answer
+            work, leader, prediction = answer
             key = work.request.content_hash.encode("ascii")
             try:
                 value, sent = self.publisher.result_begin(
@@ -148,7 +133,7 @@ class Answers:
                     if left is not None:
                         left.close()  # never awaited: the worker is stopping
                     if later[0] is later[1]:
-                        later[3]()
+                        self.repeats.forget(later[1])
                 raise
             except Exception as exc:  # the answer path failed: the others still get theirs
                 failure = failure or exc
@@ -185,7 +170,7 @@ class Answers:
         rejected: Exception | None,
     ) -> None:
         """Await one result's acknowledgement; then store (the leader) and release it."""
-        work, leader, _prediction, on_stored = answer
+        work, leader, _prediction = answer
         try:
             if rejected is not None:
                 raise rejected
@@ -193,18 +178,16 @@ class Answers:
             await acked
         except PublishError as exc:  # PublishRejected: surely not written
             if work is leader:
-                on_stored()
+                self.repeats.forget(leader)
             await self.dead_letter(work.incoming, exc, 1, work.request.request_id)
             return
         except BaseException:  # AnswerPathFailure: the worker is stopping; release nothing
             if work is leader:
-                on_stored()
+                self.repeats.forget(leader)
             raise
         if work is leader:
             try:
-                if self.stored is not None and leader.storable and leader.model is None:
-                    stored, dedupe_key = self.stored, work.request.dedupe_key
-                    self.in_partition(work.incoming.token, lambda: stored.put(dedupe_key, value))
+                self.repeats.remember(leader, value)
             except Exception as exc:
                 # The result is out, but the store is broken (a full disk, say): stop the
                 # worker loudly with the input unreleased; it is delivered again after a
@@ -217,8 +200,6 @@ class Answers:
                         "disk and restart the worker"
                     )
                 ) from exc
-            finally:
-                on_stored()
         await self._answered(work.incoming, work.request, work.served)
 
     async def from_store(self, incoming: Incoming, request: Request, stored: bytes) -> bool:

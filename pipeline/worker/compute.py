@@ -1,10 +1,9 @@
 """The compute stage: one formed batch through the model, every requester answered.
 
-A batch's work is deduped twice more before the model is called: a twin in
-the same batch, or a computation of the same hash already in flight, waits
-for that one's result (:class:`~pipeline.dedupe.SingleFlight`); a result
-computed earlier but not yet durably stored is served from memory, so
-queued work that missed the stored-result lookup at intake has no gap.
+A batch's work is deduped again before the model is called
+(:meth:`~pipeline.worker.repeats.Repeats.lead`): work whose result became
+known while it was queued is answered from it, and a twin in the same batch,
+or of a computation already in flight, waits for that one's result.
 
 Each leader runs through the model (its fallback while the breaker is open),
 is retried with backoff on a failed prediction, and then ends in exactly one
@@ -19,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.dedupe import SingleFlight, StoredResults
 from pipeline.errors import CircuitOpenError, InferenceError
 from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine, Prediction
@@ -29,6 +27,7 @@ from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
 from pipeline.worker.answers import Answer, Answers
 from pipeline.worker.records import Work
+from pipeline.worker.repeats import Known, Repeats
 
 __all__ = ["Compute", "Ran"]
 
@@ -59,7 +58,7 @@ class Compute:
         guard: Guard,
         scheduler: Scheduler[Work],
         metrics: PipelineMetrics,
-        stored: StoredResults | None,
+        repeats: Repeats,
         fallback: InferenceEngine | None,
         fallback_model: tuple[str, str] | None,
         clock_ms: Callable[[], int],
@@ -72,15 +71,12 @@ class Compute:
         self.guard = guard
         self.scheduler = scheduler
         self.metrics = metrics
-        self.stored = stored
+        self.repeats = repeats
         self.fallback = fallback
         self.fallback_model = fallback_model
         self._clock_ms = clock_ms
         self._spawn = spawn
         self._serve_stored = serve_stored
-        self.flight: SingleFlight[Work] = SingleFlight()
-        # Computed results not yet durably stored: dedupe key -> (prediction, leader).
-        self._settled: dict[str, tuple[Prediction, Work]] = {}
 
     async def run_batch(
         self, batch: list[Work], *, shape: tuple[int, int] | None = None
@@ -92,45 +88,27 @@ class Compute:
         nothing ran.
         """
         now = self._clock_ms()
-        leaders: list[Work] = []
-        in_this_batch: set[str] = set()
         for work in batch:
             # Expiry is the scheduler's call alone: it planned this batch to end in time,
             # so a request late now (the batch waited for the engine) is computed.
-            req = work.request
             work.queue_ms = float(now - work.arrived_ms)
-            self.metrics.wait(req.lane, work.queue_ms / 1000)
-            if self._answer_known(work):
-                continue
-            if self.flight.join(req.dedupe_key, work):
-                leaders.append(work)
-                in_this_batch.add(req.dedupe_key)
-            else:
-                work.served = "batch" if req.dedupe_key in in_this_batch else "inflight"
+            self.metrics.wait(work.request.lane, work.queue_ms / 1000)
+        known: list[Answer] = []
+        leaders = self.repeats.lead(batch, lambda work, k: self._known(work, k, known))
+        if known:
+            self._spawn(self.answers.results(known))
         if leaders:
             return await self._compute(leaders, shape=shape)
         return None
 
-    def _answer_known(self, work: Work) -> bool:
-        """Serve ``work`` from a result computed earlier, if there is one.
-
-        Queued work may have missed the stored-result lookup at intake while
-        its twin was being computed; a result stays in ``_settled`` until it is
-        durably stored, so between the two there is no gap.
-        """
-        h = work.request.dedupe_key
-        settled = self._settled.get(h)
-        if settled is not None:
-            prediction, leader = settled
+    def _known(self, work: Work, known: Known, answers: list[Answer]) -> None:
+        """Answer queued work whose result became known while it waited: from memory
+        (added to ``answers``, the batch's) or from the store."""
+        if known.prediction is not None and known.leader is not None:
             work.served = "inflight"
-            self._spawn(self._answer(work, leader, prediction))
-            return True
-        unusable = work.stored_unusable  # found unusable before: asking again would loop
-        stored = self.stored.get(h) if self.stored and not unusable else None
-        if stored is not None:
-            self._spawn(self._serve_stored(work, stored))
-            return True
-        return False
+            answers.append((work, known.leader, known.prediction))
+        elif known.stored is not None:
+            self._spawn(self._serve_stored(work, known.stored))
 
     async def _compute(
         self, leaders: list[Work], *, retry: bool = False, shape: tuple[int, int] | None = None
@@ -187,22 +165,12 @@ class Compute:
         self, leader: Work, prediction: Prediction | None, error: BaseException | None
     ) -> list[Answer]:
         """Every requester of the leader's key: dead-lettered at once on ``error``, else
-        returned as results to publish (the caller publishes a batch's together; the
-        leader's is stored, and until then its result is served from memory)."""
-        h = leader.request.dedupe_key
-        waiters = self.flight.finish(h)
+        returned as results to publish (the caller publishes a batch's together)."""
+        waiters = self.repeats.finish(leader, prediction)
         if prediction is None:
             assert error is not None
             for work in waiters:
                 rid = work.request.request_id
                 self._spawn(self.answers.dead_letter(work.incoming, error, leader.attempts, rid))
             return []
-        self._settled[h] = (prediction, leader)
-        stored: Callable[[], object] = lambda: self._settled.pop(h, None)  # noqa: E731
-        return [(work, leader, prediction, stored) for work in waiters]
-
-    async def _answer(self, work: Work, leader: Work, prediction: Prediction) -> None:
-        h = leader.request.dedupe_key
-        await self.answers.result(
-            work, prediction, leader=leader, on_stored=lambda: self._settled.pop(h, None)
-        )
+        return [(work, leader, prediction) for work in waiters]

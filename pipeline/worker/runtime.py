@@ -4,8 +4,9 @@ Every input that :meth:`Runtime.take` (or :meth:`Runtime.submit`) takes on ends
 in exactly one result or one dead letter (see :mod:`pipeline.worker.answers`
 for the order of publish, ack, store and release). Between intake and the
 model, three levels of dedupe: a stored result, a computation already in
-flight, a twin in the same batch (the last two, and the model call itself, in
-:mod:`pipeline.worker.compute`).
+flight, a twin in the same batch, all owned by :mod:`pipeline.worker.repeats`
+(asked here at intake, and again by :mod:`pipeline.worker.compute` when the
+batch is formed).
 
 Faust is reached only through injected callables: the producer's send (in
 the publisher), the table the stored results live in, and ``ack`` for a
@@ -38,11 +39,12 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Publisher
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
-from pipeline.worker.answers import AckFn, Answers, StoreFn
+from pipeline.worker.answers import AckFn, Answers
 from pipeline.worker.compute import Compute
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
 from pipeline.worker.records import Incoming, Work, record_size
+from pipeline.worker.repeats import Repeats, StoreFn
 
 __all__ = ["Runtime", "wall_ms"]
 
@@ -75,7 +77,9 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.stored = stored if settings.dedupe.enabled else None
+        self.repeats = Repeats(
+            stored if settings.dedupe.enabled else None, in_partition=store_in_context
+        )
         self.metrics = metrics or PipelineMetrics(process_collectors=False)
         self._clock_ms = clock_ms
         self.model_id = settings.model.model_id
@@ -105,8 +109,7 @@ class Runtime:
             metrics=self.metrics,
             guard=self.guard,
             clock_ms=clock_ms,
-            stored=self.stored,
-            store_in_context=store_in_context,
+            repeats=self.repeats,
             on_room=self.gates.room_freed,
         )
         self.compute = Compute(
@@ -116,7 +119,7 @@ class Runtime:
             guard=self.guard,
             scheduler=self.scheduler,
             metrics=self.metrics,
-            stored=self.stored,
+            repeats=self.repeats,
             fallback=fallback,
             fallback_model=fallback_model,
             clock_ms=clock_ms,
@@ -157,7 +160,7 @@ class Runtime:
 
     def take(self, incoming: Incoming) -> bool:
         """Take one consumed record on, at once (the caller asked :meth:`has_room`):
-        decode and validate it, look its result up in the store, queue it for a batch.
+        decode and validate it, answer it if its result is known, else queue it for a batch.
         False when its partition was given up by a rebalance (:meth:`give_up_unstarted`):
         the record was not taken on, and the caller must tell Faust not to wait for it.
 
@@ -183,11 +186,14 @@ class Runtime:
         work = Work(incoming=incoming, request=request, arrived_ms=now)
         # Every partition's store this worker holds: a text can be stored under another
         # partition's input (the key partitions by the exact text, dedupe is looser).
-        stored = self.stored.get(request.dedupe_key) if self.stored is not None else None
-        if stored is not None:
-            self._spawn(self._serve_stored(work, stored))
-            return True
-        self._offer(work)
+        known = self.repeats.recall(work)
+        if known is None:
+            self._offer(work)
+        elif known.stored is not None:
+            self._spawn(self._serve_stored(work, known.stored))
+        elif known.prediction is not None and known.leader is not None:
+            work.served = "inflight"  # computed here, not stored yet: from memory
+            self._spawn(self.answers.results([(work, known.leader, known.prediction)]))
         return True
 
     async def submit(self, incoming: Incoming) -> bool:

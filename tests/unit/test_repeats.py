@@ -1,0 +1,155 @@
+"""The worker's dedupe owner (:class:`Repeats`): what it recalls, who leads a key, what
+it stores, and when it stops serving a result from memory.
+
+The store is a plain dict under the real :class:`StoredResults`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pipeline.dedupe import StoredResults
+from pipeline.inference import Prediction
+from pipeline.worker import Incoming, Origin, Request, Work
+from pipeline.worker.repeats import Known, Repeats
+
+NOW = 1_000_000
+
+
+def _work(key: str, offset: int = 0) -> Work:
+    origin = Origin("lane.standard", 0, offset, 0, None, b"")
+    request = Request(
+        request_id=f"r-{offset}",
+        text=key,
+        created_at_ms=NOW,
+        deadline_ms=NOW + 1000,
+        lane="standard",
+        content_hash=key,
+        dedupe_key=key,
+    )
+    incoming = Incoming("standard", origin, token=offset)
+    return Work(incoming=incoming, request=request, arrived_ms=NOW)
+
+
+def _repeats(table: dict[bytes, bytes], **kwargs: Any) -> Repeats:
+    return Repeats(StoredResults(table, ttl_ms=60_000, clock_ms=lambda: NOW), **kwargs)
+
+
+def _lead(repeats: Repeats, batch: list[Work]) -> tuple[list[Work], list[tuple[Work, Known]]]:
+    known: list[tuple[Work, Known]] = []
+    leaders = repeats.lead(batch, lambda work, k: known.append((work, k)))
+    return leaders, known
+
+
+def test_one_leader_per_key_and_twins_say_where_they_joined() -> None:
+    repeats = _repeats({})
+    a, b, a2 = _work("a", 0), _work("b", 1), _work("a", 2)
+    leaders, known = _lead(repeats, [a, b, a2])
+    assert leaders == [a, b] and known == []
+    assert a2.served == "batch"
+    a3 = _work("a", 3)
+    leaders, known = _lead(repeats, [a3])  # a's computation is still running
+    assert leaders == [] and a3.served == "inflight"
+    assert repeats.finish(a, Prediction(embedding=[1.0])) == [a, a2, a3]
+    assert repeats.finish(b, None) == [b]
+
+
+def test_a_finished_result_is_served_from_memory_until_stored() -> None:
+    table: dict[bytes, bytes] = {}
+    repeats = _repeats(table)
+    leader = _work("a")
+    assert _lead(repeats, [leader])[0] == [leader]
+    prediction = Prediction(embedding=[2.0])
+    repeats.finish(leader, prediction)
+    twin = _work("a", 1)
+    assert repeats.recall(twin) == Known(prediction=prediction, leader=leader)
+    leaders, known = _lead(repeats, [twin])
+    assert leaders == [] and known == [(twin, Known(prediction=prediction, leader=leader))]
+    repeats.remember(leader, b"result")
+    stored = repeats.recall(twin)
+    assert stored is not None and stored.stored == b"result" and stored.prediction is None
+
+
+def test_a_result_that_will_not_be_stored_is_forgotten_and_computed_again() -> None:
+    table: dict[bytes, bytes] = {}
+    repeats = _repeats(table)
+    leader = _work("a")
+    _lead(repeats, [leader])
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.forget(_work("a", 5))  # not the leader of the settled result: nothing happens
+    assert repeats.recall(_work("a", 1)) is not None
+    repeats.forget(leader)
+    assert repeats.recall(_work("a", 1)) is None
+    assert _lead(repeats, [again := _work("a", 2)])[0] == [again]
+    assert table == {}
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [lambda w: setattr(w, "storable", False), lambda w: setattr(w, "model", ("fallback", "1"))],
+    ids=["clipped-text", "fallback-model"],
+)
+def test_a_result_that_may_not_be_reused_is_not_stored(spoil: Callable[[Work], None]) -> None:
+    table: dict[bytes, bytes] = {}
+    repeats = _repeats(table)
+    leader = _work("a")
+    _lead(repeats, [leader])
+    spoil(leader)
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.remember(leader, b"result")
+    assert table == {}
+    assert repeats.recall(_work("a", 1)) is None
+
+
+def test_an_unusable_stored_result_is_not_recalled_for_that_work_again() -> None:
+    table: dict[bytes, bytes] = {}
+    repeats = _repeats(table)
+    leader = _work("a")
+    _lead(repeats, [leader])
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.remember(leader, b"old version")
+    work = _work("a", 1)
+    assert repeats.recall(work) == Known(stored=b"old version")
+    work.stored_unusable = True
+    assert repeats.recall(work) is None
+    assert _lead(repeats, [work])[0] == [work]
+
+
+def test_the_store_write_runs_in_the_inputs_partition_and_a_failing_one_raises() -> None:
+    writes: list[Any] = []
+
+    def in_partition(token: Any, fn: Callable[[], None]) -> None:
+        writes.append(token)
+        fn()
+
+    class _Broken(dict[bytes, bytes]):
+        def __setitem__(self, key: bytes, value: bytes) -> None:
+            raise OSError("No space left on device")
+
+    repeats = _repeats({}, in_partition=in_partition)
+    leader = _work("a", 7)
+    _lead(repeats, [leader])
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.remember(leader, b"result")
+    assert writes == [7]
+
+    broken = _repeats(_Broken())
+    leader = _work("b")
+    _lead(broken, [leader])
+    broken.finish(leader, Prediction(embedding=[1.0]))
+    with pytest.raises(OSError):
+        broken.remember(leader, b"result")
+    assert broken.recall(_work("b", 1)) is None, "a result that failed to store is forgotten"
+
+
+def test_without_a_store_only_memory_and_flights_dedupe() -> None:
+    repeats = Repeats(None)
+    leader = _work("a")
+    assert repeats.recall(leader) is None
+    _lead(repeats, [leader])
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.remember(leader, b"result")
+    assert repeats.recall(_work("a", 1)) is None
