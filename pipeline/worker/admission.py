@@ -6,13 +6,16 @@ in records and in bytes (so a burst of large records cannot hold gigabytes),
 and it holds the per-partition watermark: :meth:`Admission.release` returns the
 tokens safe to acknowledge, a contiguous prefix per partition, in offset order.
 
+The caller asks :meth:`Admission.has_room` and then holds the input with
+:meth:`Admission.hold`; waiting for room is the caller's business (``on_room``
+tells it when a lane frees some).
+
 When a rebalance starts, :meth:`Admission.give_up` abandons inputs that were
-admitted but not started (named by the caller) and wakes every waiter of
-:meth:`Admission.admit`, which then returns False. A partition's inputs from the
+admitted but not started (named by the caller). A partition's inputs from the
 first abandoned one on can no longer be released in this assignment: their
 tokens are returned so the caller can tell Faust to stop waiting for them;
 their offsets stay uncommitted and are read again by the partition's next owner.
-Until the partition is forgotten (revoked), :meth:`Admission.admit` refuses its
+Until the partition is forgotten (revoked), :meth:`Admission.hold` refuses its
 later records too: behind an abandoned offset they could never be released,
 and Faust would wait for them forever.
 
@@ -21,7 +24,6 @@ Pure: no Faust, no Kafka; the clock is injected.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -70,40 +72,26 @@ class Admission(Generic[T]):
         self._lanes = tuple(lanes)
         self._records = dict.fromkeys(self._lanes, 0)
         self._bytes = dict.fromkeys(self._lanes, 0)
-        self._room = {lane: asyncio.Event() for lane in self._lanes}
         self._held: dict[tuple[Hashable, int], _Held] = {}  # in admission order
-        self._epoch = 0
         self._abandoned: set[Hashable] = set()  # given up on, not yet forgotten
 
     # -- bounds ---------------------------------------------------------------
 
     def has_room(self, lane: str, size: int) -> bool:
+        """Whether ``lane`` may hold one more input of ``size`` bytes within its bounds
+        (always, when it holds nothing)."""
         records, held = self._records[lane], self._bytes[lane]
         if records == 0:
             return True
         return records < self.bounds.max_records and held + size <= self.bounds.max_bytes
 
-    async def admit(self, lane: str, partition: Hashable, offset: int, size: int, token: T) -> bool:
-        """Wait for room in ``lane``, then hold the input; False (not held) when a
-        rebalance gave up waiting inputs meanwhile.
+    def hold(self, lane: str, partition: Hashable, offset: int, size: int, token: T) -> bool:
+        """Hold the input now, room or not (the caller asked :meth:`has_room`); False
+        (not held) when its partition was given up and not yet forgotten.
 
         A partition whose offsets went backwards (handed back from its last
         commit by a rebalance) is forgotten first: what was held is read again.
         """
-        epoch = self._epoch
-        if partition in self._abandoned:
-            return False
-        while not self.has_room(lane, size):
-            room = self._room[lane]
-            room.clear()
-            await room.wait()
-            if self._epoch != epoch or partition in self._abandoned:
-                return False
-        return self.hold(lane, partition, offset, size, token)
-
-    def hold(self, lane: str, partition: Hashable, offset: int, size: int, token: T) -> bool:
-        """Hold the input now, room or not (the caller asked :meth:`has_room`); False
-        (not held) when its partition was given up and not yet forgotten."""
         if partition in self._abandoned:
             return False
         try:
@@ -127,18 +115,14 @@ class Admission(Generic[T]):
             return  # forgotten by a rebalance, or released already
         self._records[held.lane] -= 1
         self._bytes[held.lane] -= held.size
-        self._room[held.lane].set()
         self._on_room()
 
     # -- rebalances -------------------------------------------------------------
 
     def give_up(self, unstarted: Iterable[tuple[Hashable, int]]) -> list[T]:
-        """Abandon ``unstarted`` inputs (partition, offset) and every waiter of
-        :meth:`admit`; return the tokens Faust must stop waiting for: per partition,
-        those of the first abandoned offset and every later one held."""
-        self._epoch += 1
-        for room in self._room.values():
-            room.set()
+        """Abandon ``unstarted`` inputs (partition, offset); return the tokens Faust
+        must stop waiting for: per partition, those of the first abandoned offset and
+        every later one held."""
         first: dict[Hashable, int] = {}
         for partition, offset in unstarted:
             if (partition, offset) in self._held:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.worker.admission import Admission, LaneBounds
@@ -16,87 +17,74 @@ class _Clock:
         return self.ms
 
 
-def _admission(records: int = 10, nbytes: int = 1000) -> Admission[str]:
-    return Admission(("realtime", "bulk"), LaneBounds(records, nbytes), clock_ms=_Clock())
+def _admission(
+    records: int = 10, nbytes: int = 1000, on_room: Callable[[], None] = lambda: None
+) -> Admission[str]:
+    return Admission(
+        ("realtime", "bulk"), LaneBounds(records, nbytes), clock_ms=_Clock(), on_room=on_room
+    )
 
 
 def test_release_returns_a_contiguous_prefix_in_offset_order() -> None:
     adm = _admission()
-
-    async def scenario() -> list[list[str]]:
-        for offset in (0, 1, 2):
-            assert await adm.admit("bulk", "p", offset, 10, f"t{offset}")
-        return [adm.release("p", 2), adm.release("p", 0), adm.release("p", 1)]
-
-    assert asyncio.run(scenario()) == [[], ["t0"], ["t1", "t2"]]
+    for offset in (0, 1, 2):
+        assert adm.hold("bulk", "p", offset, 10, f"t{offset}")
+    assert [adm.release("p", 2), adm.release("p", 0), adm.release("p", 1)] == [
+        [],
+        ["t0"],
+        ["t1", "t2"],
+    ]
     assert adm.pending() == 0 and adm.held_bytes("bulk") == 0
 
 
-def test_a_lane_at_its_byte_bound_waits_and_other_lanes_do_not() -> None:
-    adm = _admission(records=100, nbytes=1000)
-
-    async def scenario() -> tuple[bool, bool, bool]:
-        assert await adm.admit("bulk", "b", 0, 600, "b0")
-        second = asyncio.ensure_future(adm.admit("bulk", "b", 1, 600, "b1"))
-        realtime = await asyncio.wait_for(adm.admit("realtime", "r", 0, 600, "r0"), 5)
-        await asyncio.sleep(0)
-        waited = not second.done()
-        adm.release("b", 0)
-        return waited, realtime, await asyncio.wait_for(second, 5)
-
-    assert asyncio.run(scenario()) == (True, True, True)
+def test_a_lane_at_its_byte_bound_is_full_until_a_release_and_other_lanes_are_not() -> None:
+    freed: list[str] = []
+    adm = _admission(records=100, nbytes=1000, on_room=lambda: freed.append("room"))
+    assert adm.hold("bulk", "b", 0, 600, "b0")
+    assert not adm.has_room("bulk", 600)
+    assert adm.has_room("realtime", 600)
+    assert adm.hold("realtime", "r", 0, 600, "r0")
+    assert freed == []
+    adm.release("b", 0)
+    assert freed == ["room"]  # whoever waits for room is told
+    assert adm.has_room("bulk", 600)
+    assert adm.hold("bulk", "b", 1, 600, "b1")
     assert adm.held_bytes("bulk") == 600
 
 
 def test_a_record_larger_than_the_byte_bound_gets_in_alone() -> None:
     adm = _admission(records=100, nbytes=1000)
-
-    async def scenario() -> tuple[bool, bool]:
-        big = await asyncio.wait_for(adm.admit("bulk", "b", 0, 5000, "big"), 5)
-        after = asyncio.ensure_future(adm.admit("bulk", "b", 1, 1, "small"))
-        await asyncio.sleep(0)
-        waited = not after.done()
-        adm.release("b", 0)
-        await asyncio.wait_for(after, 5)
-        return big, waited
-
-    assert asyncio.run(scenario()) == (True, True)
+    assert adm.has_room("bulk", 5000)  # an empty lane takes anything
+    assert adm.hold("bulk", "b", 0, 5000, "big")
+    assert not adm.has_room("bulk", 1)
+    adm.release("b", 0)
+    assert adm.has_room("bulk", 1)
 
 
-def test_a_lane_at_its_record_bound_waits() -> None:
+def test_a_lane_at_its_record_bound_is_full_until_a_release() -> None:
     adm = _admission(records=2, nbytes=10**9)
-
-    async def scenario() -> bool:
-        for offset in (0, 1):
-            await adm.admit("bulk", "b", offset, 1, str(offset))
-        third = asyncio.ensure_future(adm.admit("bulk", "b", 2, 1, "2"))
-        await asyncio.sleep(0)
-        waited = not third.done()
-        adm.release("b", 1)
-        await asyncio.wait_for(third, 5)
-        return waited
-
-    assert asyncio.run(scenario()) is True
+    for offset in (0, 1):
+        assert adm.has_room("bulk", 1)
+        assert adm.hold("bulk", "b", offset, 1, str(offset))
+    assert not adm.has_room("bulk", 1)
+    adm.release("b", 1)
+    assert adm.has_room("bulk", 1)
 
 
-def test_giving_up_wakes_waiters_and_strands_everything_after_the_first_unstarted() -> None:
-    adm = _admission(records=5, nbytes=10**9)
-
-    async def scenario() -> tuple[list[str], bool, list[str], list[str]]:
-        for offset in range(5):
-            await adm.admit("bulk", "p", offset, 1, f"t{offset}")
-        waiter = asyncio.ensure_future(adm.admit("bulk", "p", 5, 1, "t5"))
-        await asyncio.sleep(0)
-        # 0 and 1 are running, 2 and 4 are queued (unstarted), 3 is running.
-        stranded = adm.give_up([("p", 2), ("p", 4)])
-        admitted = await asyncio.wait_for(waiter, 5)
-        early = adm.release("p", 0) + adm.release("p", 1)
-        late = adm.release("p", 3)  # answered, but behind an abandoned offset
-        return stranded, admitted, early, late
-
-    stranded, admitted, early, late = asyncio.run(scenario())
+def test_giving_up_frees_room_and_strands_everything_after_the_first_unstarted() -> None:
+    freed: list[str] = []
+    adm = _admission(records=5, nbytes=10**9, on_room=lambda: freed.append("room"))
+    for offset in range(5):
+        assert adm.hold("bulk", "p", offset, 1, f"t{offset}")
+    assert not adm.has_room("bulk", 1)
+    # 0 and 1 are running, 2 and 4 are queued (unstarted), 3 is running.
+    stranded = adm.give_up([("p", 2), ("p", 4)])
+    assert freed == ["room", "room"]
+    assert adm.has_room("bulk", 1)
+    assert adm.hold("bulk", "p", 5, 1, "t5") is False  # behind an abandoned offset
+    early = adm.release("p", 0) + adm.release("p", 1)
+    late = adm.release("p", 3)  # answered, but behind an abandoned offset
     assert stranded == ["t2", "t3", "t4"]
-    assert admitted is False
     assert early == ["t0", "t1"]
     assert late == []
     assert adm.held_records("bulk") == 0  # nothing holds room any more
@@ -108,30 +96,33 @@ def test_after_giving_up_a_partition_takes_nothing_more_until_it_is_forgotten() 
     it buffered until it suspends its streams) could never be released behind the
     abandoned offset: it is refused, so the caller tells Faust not to wait for it."""
     adm = _admission()
+    assert adm.hold("bulk", "p", 0, 1, "p0")
+    assert adm.hold("bulk", "q", 0, 1, "q0")
+    adm.give_up([("p", 0)])
+    late = adm.hold("bulk", "p", 1, 1, "p1")
+    other = adm.hold("bulk", "q", 1, 1, "q1")
+    adm.forget("p")
+    again = adm.hold("bulk", "p", 0, 1, "p0 again")
+    assert [late, other, again] == [False, True, True]
 
-    async def scenario() -> list[bool]:
-        await adm.admit("bulk", "p", 0, 1, "p0")
-        await adm.admit("bulk", "q", 0, 1, "q0")
-        adm.give_up([("p", 0)])
-        late = await adm.admit("bulk", "p", 1, 1, "p1")
-        other = await adm.admit("bulk", "q", 1, 1, "q1")
-        adm.forget("p")
-        again = await adm.admit("bulk", "p", 0, 1, "p0 again")
-        return [late, other, again]
 
-    assert asyncio.run(scenario()) == [False, True, True]
+def test_forgetting_a_partition_frees_its_room() -> None:
+    freed: list[str] = []
+    adm = _admission(records=2, nbytes=10**9, on_room=lambda: freed.append("room"))
+    assert adm.hold("bulk", "p", 0, 1, "p0")
+    assert adm.hold("bulk", "q", 0, 1, "q0")
+    assert not adm.has_room("bulk", 1)
+    assert adm.forget("p") == 1
+    assert freed == ["room"]
+    assert adm.has_room("bulk", 1) and adm.held_records("bulk") == 1
 
 
 def test_a_rewound_partition_starts_over_and_oldest_counts_from_admission() -> None:
     clock = _Clock()
     adm: Admission[str] = Admission(("bulk",), LaneBounds(10, 10**6), clock_ms=clock)
-
-    async def scenario() -> None:
-        await adm.admit("bulk", "p", 7, 1, "a")
-        clock.ms = 500
-        await adm.admit("bulk", "p", 3, 1, "b")  # handed back from its last commit
-
-    asyncio.run(scenario())
+    assert adm.hold("bulk", "p", 7, 1, "a")
+    clock.ms = 500
+    assert adm.hold("bulk", "p", 3, 1, "b")  # handed back from its last commit
     assert adm.pending() == 1 and adm.held_records("bulk") == 1
     clock.ms = 800
     assert adm.oldest_ms() == 300
