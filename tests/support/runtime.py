@@ -1,5 +1,5 @@
-"""Driving :class:`pipeline.worker.Runtime` in the test process: a stand-in model, and
-a way to know that the runtime has finished with what it was given."""
+"""Driving :class:`pipeline.worker.Runtime` in the test process: a stand-in model, a
+stand-in broker, and a way to know that the runtime has finished with what it was given."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.codec import result_codec
 from pipeline.inference import Prediction
 from pipeline.inference.outcome import BatchOutcome, Outcome
+from pipeline.publish import Publisher
 from pipeline.worker import Runtime
 
-__all__ = ["LengthEngine", "settle"]
+__all__ = ["InstantBroker", "LengthEngine", "settle"]
 
 
 class LengthEngine:
@@ -32,6 +34,31 @@ class LengthEngine:
 
     def tokenize_ms(self) -> float | None:
         return None
+
+
+class InstantBroker:
+    """Stands in for the answer producer (not the code under test): every send is
+    acknowledged at once. ``results`` holds the decoded results in the order they
+    were sent, ``letters`` the raw values sent to the dead-letter topic."""
+
+    RESULTS, DLQ = "res", "dlq"
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+        self.letters: list[bytes] = []
+
+    def publisher(self) -> Publisher:
+        """A :class:`Publisher` that sends through this broker."""
+        return Publisher(self.send, results_topic=self.RESULTS, dlq_topic=self.DLQ)
+
+    async def send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
+        if topic == self.RESULTS:
+            self.results.append(result_codec().decode(value))
+        else:
+            self.letters.append(value)
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack.set_result(None)
+        return ack
 
 
 async def settle(

@@ -12,12 +12,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from support.runtime import LengthEngine
+from support.runtime import InstantBroker, LengthEngine
 
 from pipeline.client import request_bytes
 from pipeline.codec import result_codec
 from pipeline.dedupe import InputKeys, StoredEntry, StoredResults
-from pipeline.publish import Publisher
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Origin, Runtime
 
@@ -43,8 +42,9 @@ class _Rig:
         env: dict[str, str] | None = None,
     ) -> None:
         self.model = _Model()
-        self.results: list[dict[str, Any]] = []
-        self.letters: list[bytes] = []
+        self.broker = InstantBroker()
+        self.results = self.broker.results
+        self.letters = self.broker.letters
         self.released: list[int] = []
         self.now = 1_000_000
         self.settings = Settings.from_env(
@@ -54,7 +54,7 @@ class _Rig:
         self.runtime = Runtime(
             self.settings,
             engine=self.model,  # type: ignore[arg-type]
-            publisher=Publisher(self._send, results_topic="res", dlq_topic="dlq"),
+            publisher=self.broker.publisher(),
             ack=self._release,
             stored=self.store,
             keys=keys,
@@ -67,15 +67,6 @@ class _Rig:
         if self._batches is not None:
             self._batches.cancel()
         await self.runtime.close(5.0)
-
-    async def _send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
-        if topic == "res":
-            self.results.append(result_codec().decode(value))
-        else:
-            self.letters.append(value)
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ack.set_result(None)
-        return ack
 
     async def _release(self, token: Any) -> None:
         self.released.append(token)

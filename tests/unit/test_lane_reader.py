@@ -15,11 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from support.runtime import LengthEngine, settle
+from support.runtime import InstantBroker, LengthEngine, settle
 
 from pipeline.client import request_bytes
-from pipeline.codec import result_codec
-from pipeline.publish import Publisher
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Runtime
 from pipeline.worker.admission import LaneBounds
@@ -233,8 +231,8 @@ class _Rig:
         self.settings = Settings.from_env(
             {"PIPELINE_SCHEDULER_WINDOW_MS": "0", "PIPELINE_WORKER_EXPIRE_LANES": "", **(env or {})}
         )
-        self.results: list[str] = []
-        self.letters: list[bytes] = []
+        self.broker = InstantBroker()
+        self.letters = self.broker.letters
         self.released: list[Any] = []
         self.forgotten: list[Any] = []
         self.seeks: list[tuple[Any, int]] = []
@@ -261,7 +259,7 @@ class _Rig:
         self.runtime = _Runtime(
             self.settings,
             engine=LengthEngine(),  # type: ignore[arg-type]
-            publisher=Publisher(self._send, results_topic="res", dlq_topic="dlq"),
+            publisher=self.broker.publisher(),
             ack=self._release,
             forget=self.forgotten.extend,
             on_room=self.reader.wake,
@@ -282,14 +280,10 @@ class _Rig:
             return await start
         return start
 
-    async def _send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
-        if topic == "res":
-            self.results.append(result_codec().decode(value)["request_id"])
-        else:
-            self.letters.append(value)
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ack.set_result(None)
-        return ack
+    @property
+    def results(self) -> list[str]:
+        """The request ids of the results published, in the order they were sent."""
+        return [str(result["request_id"]) for result in self.broker.results]
 
     async def _release(self, token: Any) -> None:
         self.released.append(token)
