@@ -180,11 +180,6 @@ class InferenceEngine:
         return not any(t.is_alive() for t in threads)
 
     @property
-    def running(self) -> bool:
-        """Whether the engine accepts work."""
-        return self._accepting
-
-    @property
     def thread_ident(self) -> int | None:
         """``threading.get_ident()`` of the inference thread, once started."""
         return None if self._thread is None else self._thread.ident

@@ -22,10 +22,6 @@ class DeviceSample:
     memory_used_bytes: int
     memory_total_bytes: int
 
-    @property
-    def memory_fraction(self) -> float:
-        return self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
-
 
 def _cuda_target(device: object) -> tuple[int, str | None] | None:
     """(torch index, NVML-style UUID or None) of a CUDA device; None for anything else."""

@@ -76,7 +76,6 @@ class LaneReader:
         self._spawn = spawn or self._track
         self._tasks: set[asyncio.Task[Any]] = set()
         self._looking_up: set[Hashable] = set()
-        self._runtime: Runtime | None = None
 
     def _track(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -95,7 +94,6 @@ class LaneReader:
 
     async def run(self, runtime: Runtime) -> None:
         """Take buffered records into ``runtime`` for as long as the worker runs."""
-        self._runtime = runtime
         arrived = self.buffer.arrived
         while True:
             await arrived.wait()
