@@ -11,7 +11,6 @@ No Faust, no Kafka: the scheduler and the shedding policy are injected.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -47,8 +46,6 @@ class LaneGates(Generic[T]):
         self.paused: set[str] = set()  # lanes paused now, for any reason: take none
         # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
         self._parked: dict[str, deque[Item[T]]] = {lane: deque() for lane in LANES}
-        #: Set whenever a lane may take records again; waiters clear it before they look.
-        self.room_changed = asyncio.Event()
 
     def open(self, lane: str) -> bool:
         """Whether ``lane`` takes records now (not paused, nothing parked)."""
@@ -98,7 +95,6 @@ class LaneGates(Generic[T]):
 
     def room_freed(self) -> None:
         """A lane may take records again: wake whoever feeds the runtime."""
-        self.room_changed.set()
         self._on_room()
 
     def give_up(self) -> list[T]:

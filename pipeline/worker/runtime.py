@@ -1,6 +1,6 @@
 """The worker's core, free of Faust: intake → dedupe → scheduler → model → answers.
 
-Every input that :meth:`Runtime.take` (or :meth:`Runtime.submit`) takes on ends
+Every input that :meth:`Runtime.take` takes on ends
 in exactly one result or one dead letter (see :mod:`pipeline.worker.answers`
 for the order of publish, ack, store and release). Between intake and the
 model, three levels of dedupe: a stored result, a computation already in
@@ -43,7 +43,7 @@ from pipeline.worker.answers import AckFn, Answers
 from pipeline.worker.compute import Compute
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
-from pipeline.worker.records import Incoming, Work, record_size
+from pipeline.worker.records import Incoming, Work
 from pipeline.worker.repeats import Repeats, StoreFn
 
 __all__ = ["Runtime", "wall_ms"]
@@ -142,8 +142,6 @@ class Runtime:
         # Giving up on a rebalance: tokens Faust must stop waiting for go to ``forget``;
         # work parked for room in a full lane queue is unstarted too.
         self._forget = forget or (lambda tokens: None)
-        self._epoch = 0
-        self._giving_up = asyncio.Event()
         self._budget_changes = (0.0, 0.0)
 
     @property
@@ -195,31 +193,6 @@ class Runtime:
             work.served = "inflight"  # computed here, not stored yet: from memory
             self._spawn(self.answers.results([(work, known.leader, known.prediction)]))
         return True
-
-    async def submit(self, incoming: Incoming) -> bool:
-        """:meth:`take`, waiting first (backpressure) while the record's lane is paused or
-        full: the per-record form, for callers without a buffer of their own. False when
-        a rebalance gave up waiting work meanwhile, or refused the record's partition."""
-        epoch = self._epoch
-        size = record_size(incoming.origin)
-        while not self.has_room(incoming.lane, size):
-            self.gates.room_changed.clear()
-            if not await self._until_set(self.gates.room_changed, epoch):
-                return False
-        return self.take(incoming)
-
-    async def _until_set(self, event: asyncio.Event, epoch: int) -> bool:
-        """Wait for ``event``; False if a rebalance gave up waiting work meanwhile."""
-        if self._epoch != epoch:
-            return False
-        giving_up = self._giving_up
-        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(giving_up.wait())}
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-        return self._epoch == epoch
 
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
@@ -336,9 +309,6 @@ class Runtime:
         entries = list(self.scheduler.queues.all_entries())
         self.scheduler.queues.remove(entries)
         unstarted = [e.item.payload for e in entries] + self.gates.give_up()
-        self._epoch += 1
-        giving_up, self._giving_up = self._giving_up, asyncio.Event()
-        giving_up.set()
         stranded = self.answers.give_up([work.incoming for work in unstarted])
         self._forget(stranded)
         self.gates.apply()

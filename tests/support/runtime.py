@@ -11,9 +11,10 @@ from pipeline.codec import result_codec
 from pipeline.inference import Prediction
 from pipeline.inference.outcome import BatchOutcome, Outcome
 from pipeline.publish import Publisher
-from pipeline.worker import Runtime
+from pipeline.worker import Incoming, Runtime
+from pipeline.worker.records import record_size
 
-__all__ = ["InstantBroker", "LengthEngine", "settle"]
+__all__ = ["InstantBroker", "LengthEngine", "settle", "submit"]
 
 
 class LengthEngine:
@@ -83,3 +84,17 @@ async def settle(
         await asyncio.sleep(0.005)
     batches.cancel()
     await runtime.close(timeout_s)
+
+
+async def submit(runtime: Runtime, incoming: Incoming, *, timeout_s: float = 30.0) -> bool:
+    """Hand ``incoming`` to :meth:`Runtime.take` once its lane has room, as the lane
+    reader does in the worker (which waits for ``on_room`` instead of polling).
+    Returns what ``take`` returns; raises AssertionError when the lane never has room."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    size = record_size(incoming.origin)
+    while not runtime.has_room(incoming.lane, size):
+        if loop.time() > deadline:
+            raise AssertionError(f"lane {incoming.lane} never had room; {runtime.counters}")
+        await asyncio.sleep(0.002)
+    return runtime.take(incoming)

@@ -132,7 +132,7 @@ def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_bat
     """Runtime.give_up_unstarted: queued inputs are abandoned (Faust is told to stop
     waiting for them and for every later offset), the running batch is answered, and
     only the offsets before the first abandoned one are released."""
-    from support.runtime import LengthEngine
+    from support.runtime import LengthEngine, submit
 
     from pipeline.client import request_bytes
     from pipeline.publish import Publisher
@@ -177,12 +177,12 @@ def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_bat
         for offset in range(2):
             _rid, value = request_bytes(f"text number {offset}", request_id=f"r-{offset}")
             origin = Origin("lane.bulk", 0, offset, 0, None, value)
-            assert await runtime.submit(Incoming("bulk", origin, token=offset))
+            assert await submit(runtime, Incoming("bulk", origin, token=offset))
         await asyncio.wait_for(engine.started.wait(), 10)  # offsets 0 and 1 are running
         for offset in range(2, 6):
             _rid, value = request_bytes(f"text number {offset}", request_id=f"r-{offset}")
             origin = Origin("lane.bulk", 0, offset, 0, None, value)
-            assert await runtime.submit(Incoming("bulk", origin, token=offset))
+            assert await submit(runtime, Incoming("bulk", origin, token=offset))
         abandoned = runtime.give_up_unstarted()
         engine.gate.set()
         deadline = asyncio.get_running_loop().time() + 10

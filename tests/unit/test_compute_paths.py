@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from support.runtime import settle
+from support.runtime import settle, submit
 
 from pipeline.client import request_bytes
 from pipeline.codec import dead_letter_codec, result_codec
@@ -105,7 +105,7 @@ class _Rig:
         if self.batches is None:
             self.batches = asyncio.ensure_future(self.runtime.run())
         for text in texts:
-            await self.runtime.submit(self.incoming(text))
+            await submit(self.runtime, self.incoming(text))
 
     async def until(self, check: Callable[[], bool], what: str) -> None:
         for _ in range(2000):

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from support.runtime import InstantBroker, LengthEngine
+from support.runtime import InstantBroker, LengthEngine, submit
 
 from pipeline.client import request_bytes
 from pipeline.codec import result_codec
@@ -82,7 +82,7 @@ class _Rig:
             _rid, value = request_bytes(text, request_id=f"r-{self._offset}")
             origin = Origin("lane.standard", 0, self._offset, 0, None, value)
             self._offset += 1
-            await self.runtime.submit(Incoming("standard", origin, token=origin.offset))
+            await submit(self.runtime, Incoming("standard", origin, token=origin.offset))
         for _ in range(3000):
             done = len(self.results) - first == len(texts)
             if done and len(self.released) == want_released and not self.runtime._tasks:

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import require
-from support.runtime import LengthEngine, settle
+from support.runtime import LengthEngine, settle, submit
 
 from pipeline.client import request_bytes
 from pipeline.codec import HEADER_LEN, MARKER, dead_letter_codec, request_codec, result_codec
@@ -280,7 +280,7 @@ async def _through_runtime(values: list[tuple[str, bytes]]) -> Answered:
                 topic=f"lane.{lane}", partition=0, offset=offset, timestamp_ms=0,
                 key=None, value=value,
             )
-            await runtime.submit(Incoming(lane=lane, origin=origin, token=offset))
+            await submit(runtime, Incoming(lane=lane, origin=origin, token=offset))
         # Settled: every task the runtime spawned has ended, so nothing more arrives.
         await settle(runtime, loop_task, lambda: len(acked) == len(values))
     finally:

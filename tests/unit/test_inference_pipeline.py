@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.runtime import submit
 
 from pipeline.client import request_bytes
 from pipeline.errors import ConfigurationError, InferenceError
@@ -360,17 +361,17 @@ async def _handover(handover_ms: float, late_ms: int) -> tuple[int, int]:
     )
     batches = asyncio.ensure_future(runtime.run())
 
-    async def submit(offset: int) -> None:
+    async def take(offset: int) -> None:
         _rid, value = request_bytes(f"text {offset}", request_id=f"r-{offset}")
         origin = Origin("lane.standard", 0, offset, 0, None, value)
-        await runtime.submit(Incoming(lane="standard", origin=origin, token=offset))
+        await submit(runtime, Incoming(lane="standard", origin=origin, token=offset))
 
     try:
         for offset in range(2):
-            await submit(offset)
+            await take(offset)
         assert await _until(lambda: len(engine.batches) == 1)
         for offset in range(2, 4):
-            await submit(offset)
+            await take(offset)
         now[0] = 80  # 20 ms left: more than the lead (handover_ms + 2 ms of tokenising)
         await _idle_turns()
         early = len(engine.batches)

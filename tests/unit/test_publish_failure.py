@@ -19,7 +19,7 @@ import io
 from typing import Any
 
 import fastavro
-from support.runtime import LengthEngine, settle
+from support.runtime import LengthEngine, settle, submit
 
 from pipeline.answer_producer import MAX_MESSAGE_BYTES
 from pipeline.client import request_bytes
@@ -77,7 +77,7 @@ async def _answer(
         for offset in range(n):
             _rid, value = request_bytes(f"text number {offset}", request_id=f"r-{offset}")
             origin = Origin("lane.standard", 0, offset, 0, None, value)
-            await runtime.submit(Incoming(lane="standard", origin=origin, token=offset))
+            await submit(runtime, Incoming(lane="standard", origin=origin, token=offset))
         # Settled: every task the runtime spawned has ended, so the attempts
         # counted below are all it will ever make.
         await settle(runtime, batches, lambda: len(released) == n or attempts >= most)
@@ -177,7 +177,7 @@ def test_an_unreleased_input_shows_its_age() -> None:
         )
         before = runtime.answers.oldest_unreleased_ms()
         origin = Origin("lane.standard", 0, 7, 0, None, b"not a request")
-        await runtime.submit(Incoming(lane="standard", origin=origin, token=7))
+        await submit(runtime, Incoming(lane="standard", origin=origin, token=7))
         now[0] += 90_000
         age = runtime.answers.oldest_unreleased_ms()
         await runtime.close(0.1)
