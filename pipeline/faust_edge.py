@@ -16,6 +16,9 @@ made here, and nowhere else:
   to Faust's commit explicitly (:func:`add_gap`);
 - a record the reader passes over is dropped from Faust's unacked set, so a
   stopping worker does not wait for it (:func:`forget`);
+- Faust's seek back to the committed offsets (after records it dropped in a
+  rebalance, and when recovery ends) also rewinds the lane partitions the group
+  has committed nothing for (:func:`seek_to_committed_or_start`);
 - a dedupe write names the partition of its record, so the changelog record
   goes to that partition (:func:`in_partition_of`);
 - the consumer's committed offsets, for the lag metric (:func:`committed`);
@@ -64,6 +67,7 @@ __all__ = [
     "pause_fetch",
     "releaser",
     "resume_fetch",
+    "seek_to_committed_or_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,8 @@ TESTED_FAUST = "0.15.3"
 _CONSUMER_STATE = ("_committed_offset", "_unacked_messages")
 #: Methods of ``Consumer`` replaced or called here.
 _CONSUMER_METHODS = ("_add_gap", "ack", "getmany", "seek", "unacked")
+#: Methods of the aiokafka driver's consumer thread replaced or called here.
+_THREAD_METHODS = ("_ensure_consumer", "call_thread", "seek_to_committed")
 
 # Looked up softly: a Faust without them must reach check()'s one-line refusal.
 _ORIGINAL_ADD_GAP: Any = getattr(Consumer, "_add_gap", None)
@@ -85,6 +91,7 @@ def check(
     version: str | None = None,
     consumer: type = Consumer,
     store: type | None = None,
+    thread: type | None = None,
 ) -> None:
     """Raise ConfigurationError (one line) unless Faust is the tested release and has
     every private attribute this module relies on."""
@@ -92,6 +99,10 @@ def check(
         from faust.stores.rocksdb import Store
 
         store = Store
+    if thread is None:
+        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+        thread = AIOKafkaConsumerThread
     found = version if version is not None else importlib.metadata.version("faust-streaming")
     if found != TESTED_FAUST:
         raise ConfigurationError(
@@ -102,6 +113,9 @@ def check(
     missing = [f"Consumer.{name}" for name in _CONSUMER_METHODS if not hasattr(consumer, name)]
     init = _init_source(consumer)
     missing += [f"Consumer.{name}" for name in _CONSUMER_STATE if f"self.{name}" not in init]
+    missing += [
+        f"AIOKafkaConsumerThread.{name}" for name in _THREAD_METHODS if not hasattr(thread, name)
+    ]
     for name in ("set_persisted_offset", "_db_for_partition"):
         if not hasattr(store, name):
             missing.append(f"faust.stores.rocksdb.Store.{name}")
@@ -130,7 +144,8 @@ def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> N
     generation, active partitions), already tracked as unacked, so a revoke
     waits for them until they are released or forgotten. Only the other
     topics' records (the table's changelog) go on to Faust's conductor and
-    streams.
+    streams. The consumer thread's seek back to the committed offsets goes
+    through :func:`seek_to_committed_or_start`, on that thread.
     """
 
     async def getmany_lanes_aside(
@@ -150,6 +165,50 @@ def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> N
                 sink(lane_records)
 
     Consumer.getmany = getmany_lanes_aside  # type: ignore[method-assign]
+
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    async def seek_lanes_to_committed_or_start(self: Any) -> Any:
+        return await self.call_thread(
+            seek_to_committed_or_start, self._ensure_consumer(), lane_topics
+        )
+
+    AIOKafkaConsumerThread.seek_to_committed = (  # type: ignore[method-assign]
+        seek_lanes_to_committed_or_start
+    )
+
+
+async def seek_to_committed_or_start(consumer: Any, lane_topics: frozenset[str]) -> Any:
+    """aiokafka's ``seek_to_committed`` on ``consumer`` (an ``AIOKafkaConsumer``), then
+    the lane partitions it left where they were sought to their first offset; returns
+    the committed offsets as aiokafka does (None where there is none).
+
+    aiokafka seeks only partitions with a committed offset above 0. Faust's
+    ``perform_seek`` relies on it to read again the records its ``getmany`` drops
+    in a rebalance (flow stopped, generation changed), so in a lane partition the
+    group had committed nothing for, those records were never fetched again. The
+    reader (worker/continuity.py) notices a hole only when a later record arrives,
+    so with no more input the partition's last requests waited unanswered until
+    the next rebalance. Such a partition is now read from its first offset, as a
+    fresh assignment reads it (``auto_offset_reset`` "earliest", the start
+    :mod:`pipeline.worker.start_offsets` expects); a record the reader already
+    took in this assignment is passed over there, not answered twice.
+    """
+    committed = await consumer.seek_to_committed()
+    assigned = consumer.assignment()  # one revoked meanwhile is read by its next owner
+    unsought = [tp for tp, at in committed.items() if not at and tp.topic in lane_topics]
+    unsought = [tp for tp in unsought if tp in assigned]
+    if unsought:
+        try:
+            await consumer.seek_to_beginning(*unsought)
+        except Exception as exc:  # a rebalance under way resets the positions anyway
+            log.warning("lane partitions without a commit not rewound: %r", exc)
+        else:
+            log.info(
+                "lane partitions without a commit read from their first offset: %s",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unsought)),
+            )
+    return committed
 
 
 def releaser(consumer_of: Callable[[], Any]) -> Callable[[Any], Awaitable[None]]:

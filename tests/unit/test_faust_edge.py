@@ -162,6 +162,77 @@ def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
     assert out["unacked"] == [["lane", 4], ["lane", 5], ["lane", 6], ["lane", 7], ["lane", 8]]
 
 
+def test_the_seek_back_to_committed_offsets_rewinds_uncommitted_lane_partitions() -> None:
+    """Faust's consumer thread seeks back (``perform_seek``) through
+    ``seek_to_committed_or_start``, on the thread: aiokafka's own seek first, then the
+    lane partitions it leaves where they were (no commit, or 0) from their first
+    offset; other topics' partitions, and one no longer assigned, are left alone.
+    The aiokafka behaviour this relies on is checked on a broker in
+    tests/kafka/test_seek_back.py."""
+    done = _python(
+        """
+        import asyncio, json
+        from aiokafka import TopicPartition as TP
+        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+        from pipeline import faust_edge
+
+        faust_edge.install(frozenset({"lane"}), lambda records: None)
+        committed = {
+            TP("lane", 0): None, TP("lane", 1): 4, TP("lane", 2): 0, TP("lane", 3): None,
+            TP("other", 0): None,
+        }
+
+        class AIOKafkaConsumer:  # what aiokafka's consumer does on the broker
+            sought = []
+
+            async def seek_to_committed(self):
+                return committed
+
+            def assignment(self):
+                return set(committed) - {TP("lane", 3)}  # revoked meanwhile
+
+            async def seek_to_beginning(self, *tps):
+                self.sought.extend(tps)
+
+        aio = AIOKafkaConsumer()
+        thread = AIOKafkaConsumerThread.__new__(AIOKafkaConsumerThread)
+        thread._ensure_consumer = lambda: aio
+        on_thread = []
+
+        async def call_thread(fun, *args):
+            on_thread.append(fun.__name__)
+            return await fun(*args)
+
+        thread.call_thread = call_thread
+        returned = asyncio.run(AIOKafkaConsumerThread.seek_to_committed(thread))
+        print(json.dumps({
+            "on_thread": on_thread,
+            "sought": sorted([tp.topic, tp.partition] for tp in aio.sought),
+            "returned": returned is committed,
+        }))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {
+        "on_thread": ["seek_to_committed_or_start"],
+        "sought": [["lane", 0], ["lane", 2]],
+        "returned": True,
+    }
+
+
+def test_a_consumer_thread_without_the_seek_back_is_named() -> None:
+    class Thread:
+        def call_thread(self) -> None: ...
+
+    with pytest.raises(ConfigurationError) as err:
+        faust_edge.check(version=faust_edge.TESTED_FAUST, thread=Thread)
+    text = str(err.value)
+    assert "AIOKafkaConsumerThread.seek_to_committed" in text
+    assert "AIOKafkaConsumerThread._ensure_consumer" in text
+    assert "AIOKafkaConsumerThread.call_thread" not in text
+
+
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:
     """A ChangelogStore write lands in the partition store of the record it is made
     for and its changelog record goes to that partition; a lookup finds it from any
