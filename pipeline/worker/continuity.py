@@ -23,6 +23,12 @@ redone; so is a seek whose records have not come back within
 ``reseek_after_ms`` (the stream kept delivering records past the hole, or
 nothing at all: :meth:`Continuity.overdue` names those for a timer).
 
+A hole is noticed only when a record past it arrives; records dropped at the
+end of a partition (no input after them) are read again by Faust's seek back
+to the committed offsets after a rebalance, which
+:func:`pipeline.faust_edge.seek_to_committed_or_start` extends to partitions
+the group has committed nothing for.
+
 Pure: no Faust imports; the caller performs the seek.
 """
 
