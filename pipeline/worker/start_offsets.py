@@ -74,7 +74,12 @@ class StartOffsets:
             self._lookups[tp] = future
 
     async def get(self, partition: TopicPartition) -> int | None:
-        """The partition's start offset; None only if it was forgotten while waiting."""
+        """The partition's start offset; None if it is revoked (forgotten and not assigned
+        again) before or while waiting: a record fetched before the revoke is not this
+        worker's to read, and looking its partition up would track it into the next
+        assignment."""
+        if self._forgotten(partition):
+            return None
         if partition not in self._lookups:
             self.prefetch([partition])
         delay = self.retry_s

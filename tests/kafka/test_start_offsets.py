@@ -88,3 +88,26 @@ def test_a_failed_lookup_is_retried_until_the_broker_tells() -> None:
     starts = StartOffsets(Settings.from_env(), lookup=flaky, retry_s=0.01, retry_max_s=0.02)
     assert asyncio.run(starts.get(("lane", 1))) == 42
     assert len(calls) == 3 and starts.failures == 2
+
+
+def test_a_revoked_partition_is_not_looked_up_until_it_is_assigned_again() -> None:
+    """A record fetched before a revoke and read after it must not start a lookup
+    (its start would be tracked into the next assignment)."""
+    calls: list[list[tuple[str, int]]] = []
+
+    def lookup(todo: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        calls.append(todo)
+        return dict.fromkeys(todo, 7)
+
+    starts = StartOffsets(Settings.from_env(), lookup=lookup)
+
+    async def scenario() -> list[int | None]:
+        starts.assigned([("lane", 0)])
+        first = await starts.get(("lane", 0))
+        starts.forget(("lane", 0))
+        stale = await starts.get(("lane", 0))
+        starts.assigned([("lane", 0)])
+        return [first, stale, await starts.get(("lane", 0))]
+
+    assert asyncio.run(scenario()) == [7, None, 7]
+    assert calls == [[("lane", 0)], [("lane", 0)]]
