@@ -195,6 +195,8 @@ class _RuntimeHolder(Service):
                 add_gap=lambda tp, low, high: faust_edge.add_gap(app.consumer, tp, low, high),
                 forget=lambda records: faust_edge.forget(app.consumer, records),
                 start_offset=self.start_offsets.get,
+                position=lambda tp: app.consumer.position(tp),  # noqa: PLW0108
+                pass_end=lambda tp, low, high: faust_edge.pass_end(app.consumer, tp, low, high),
             ),
         )
         self.continuity = self.reader.continuity
@@ -288,8 +290,9 @@ class _RuntimeHolder(Service):
         return engine
 
     async def _every_second(self, interval_s: float = 1.0) -> None:
-        """Seek again where a seek back to skipped records got no answer (worker/continuity.py);
-        record the dedupe changelog's delivered offsets in its store."""
+        """Seek again where a seek back to skipped records got no answer, and look for
+        offsets passed at partitions' ends (worker/continuity.py); record the dedupe
+        changelog's delivered offsets in its store."""
         while True:
             await asyncio.sleep(interval_s)
             if self.changelog is not None:
@@ -298,6 +301,7 @@ class _RuntimeHolder(Service):
                 log.warning("%s: seek back to %d got no records; seeking again", tp, offset)
                 with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
                     await self.app.consumer.seek(cast(Any, tp), offset)
+            await self.reader.check_ends()
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""

@@ -16,6 +16,8 @@ made here, and nowhere else:
   to Faust's commit explicitly (:func:`add_gap`);
 - a record the reader passes over is dropped from Faust's unacked set, so a
   stopping worker does not wait for it (:func:`forget`);
+- offsets at a partition's end that hold no record are acked as if they did,
+  so the group commits past them (:func:`pass_end`);
 - Faust's seek back to the committed offsets (after records it dropped in a
   rebalance, and when recovery ends) also rewinds the lane partitions the group
   has committed nothing for (:func:`seek_to_committed_or_start`);
@@ -64,6 +66,7 @@ __all__ = [
     "forget",
     "in_partition_of",
     "install",
+    "pass_end",
     "pause_fetch",
     "releaser",
     "resume_fetch",
@@ -223,6 +226,25 @@ def releaser(consumer_of: Callable[[], Any]) -> Callable[[Any], Awaitable[None]]
 async def add_gap(consumer: Any, tp: Any, offset_from: int, offset_to: int) -> None:
     """Let Faust commit past offsets ``offset_from..offset_to`` that do not exist."""
     await _ORIGINAL_ADD_GAP(consumer, tp, offset_from, offset_to)
+
+
+class _Absent:
+    """An offset of a lane partition that holds no record, acked as if it did."""
+
+    def __init__(self, tp: Any, offset: int) -> None:
+        self.tp = TP(tp[0], tp[1])
+        self.topic = self.tp.topic
+        self.offset = offset
+        self.acked = False
+
+
+def pass_end(consumer: Any, tp: Any, offset_from: int, offset_to: int) -> None:
+    """Let Faust commit past offsets ``offset_from..offset_to`` at the end of ``tp``
+    that hold no record (a transaction's marker, say): each is acked as a record would
+    be. Faust's gaps (:func:`add_gap`) count only below an acked offset, so a hole no
+    record follows kept the group's lag at its size for good."""
+    for offset in range(offset_from, offset_to + 1):
+        consumer.ack(_Absent(tp, offset))
 
 
 def pause_fetch(consumer: Any, tp: Any) -> None:

@@ -23,11 +23,18 @@ redone; so is a seek whose records have not come back within
 ``reseek_after_ms`` (the stream kept delivering records past the hole, or
 nothing at all: :meth:`Continuity.overdue` names those for a timer).
 
-A hole is noticed only when a record past it arrives; records dropped at the
-end of a partition (no input after them) are read again by Faust's seek back
-to the committed offsets after a rebalance, which
-:func:`pipeline.faust_edge.seek_to_committed_or_start` extends to partitions
-the group has committed nothing for.
+A hole at a partition's end has no record past it. There the consumer's
+position tells (:meth:`Continuity.at_end`, asked by a timer for partitions
+with nothing buffered): a position past the next expected offset means
+offsets were passed without a record reaching the reader, dropped records or
+offsets that hold none (a transaction's marker, written after its last
+record). It is sought back for in the same way; when the position comes back
+to the same offset with no record :data:`SEEKS_BEFORE_ACCEPTING` times, the
+offsets are accepted as holding none, so the group can commit past them (its
+lag would read 1 forever otherwise). Faust's own seek back to the committed
+offsets after a rebalance reads dropped records again too, and
+:func:`pipeline.faust_edge.seek_to_committed_or_start` extends it to
+partitions the group has committed nothing for.
 
 Pure: no Faust imports; the caller performs the seek.
 """
@@ -66,6 +73,7 @@ class _Pending:
     seeks: int  # seeks in a row whose first record was ``first``
     last: int  # the last offset seen since the last seek (restarts show as repeats)
     sought_at_ms: float  # when the last seek was asked for
+    at_end: bool = False  # found by the position (at_end), not by a record past the hole
 
 
 class Continuity:
@@ -126,10 +134,40 @@ class Continuity:
         now = self._clock_ms()
         due = []
         for partition, pending in self._pending.items():
+            if pending.at_end:
+                continue  # at_end times its own seeks: it counts them
             if now - pending.sought_at_ms >= self._reseek_after_ms:
                 pending.sought_at_ms = now
                 due.append((partition, pending.sought))
         return due
+
+    def at_end(self, partition: Hashable, position: int) -> Verdict | None:
+        """Judge the consumer's ``position`` in ``partition`` while no record of it waits
+        to be checked: None when nothing is to be done; else seek back to ``seek_to``
+        (offsets were passed without a record), or ``accepted_hole``: the same position
+        came back after :data:`SEEKS_BEFORE_ACCEPTING` seeks with no record, so those
+        offsets hold none and are passed. Seeks are ``reseek_after_ms`` apart."""
+        expected = self._expected.get(partition)
+        if expected is None or position <= expected:
+            return None
+        now = self._clock_ms()
+        pending = self._pending.get(partition)
+        if pending is None:
+            self._pending[partition] = _Pending(expected, position, 0, position, now, True)
+            return Verdict(process=False, seek_to=expected)
+        if not pending.at_end or now - pending.sought_at_ms < self._reseek_after_ms:
+            return None  # a seek for a record past the hole is check()'s and overdue()'s
+        seeks = pending.seeks + 1 if position == pending.first else 1
+        if seeks >= SEEKS_BEFORE_ACCEPTING:
+            del self._pending[partition]
+            self._expected[partition] = position
+            return Verdict(process=False, accepted_hole=(pending.sought, position - 1))
+        self._pending[partition] = _Pending(pending.sought, position, seeks, position, now, True)
+        return Verdict(process=False, seek_to=pending.sought)
+
+    def partitions(self) -> list[Hashable]:
+        """The partitions a next offset is expected for."""
+        return list(self._expected)
 
     def knows(self, partition: Hashable) -> bool:
         """Whether a next offset is expected for ``partition`` (False after assignment)."""

@@ -133,6 +133,10 @@ class LaneBuffer:
         tps.update(tp for paused in self._paused.values() for tp in paused)
         return self.drop(tps)
 
+    def holds(self, tp: Hashable) -> bool:
+        """Whether records of partition ``tp`` wait here."""
+        return any(parts.get(tp) for parts in self._parts.values())
+
     def pending(self, lane: str | None = None) -> int:
         """Records buffered (in one lane, or in all)."""
         if lane is not None:

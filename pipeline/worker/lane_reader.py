@@ -55,6 +55,11 @@ class Consumer:
     forget: Callable[[list[Any]], None]
     #: The partition's start offset: committed, else the log's first; None once revoked.
     start_offset: Callable[[tuple[str, int]], Awaitable[int | None]]
+    #: The consumer's position in ``tp``: the offset of the next record it returns.
+    position: Callable[[Any], Awaitable[int | None]]
+    #: Let the consumer commit past offsets (from, to inclusive) at a partition's end
+    #: that hold no record (``add_gap`` only counts below a later record).
+    pass_end: Callable[[Any, int, int], None]
 
 
 class LaneReader:
@@ -160,6 +165,44 @@ class LaneReader:
         if not runtime.take(incoming):  # its partition was given up: not ours now
             self._consumer.forget([record])
         return TAKEN
+
+    async def check_ends(self) -> None:
+        """Look for offsets passed without a record at the end of each partition with
+        nothing buffered (``Continuity.at_end``): seek back for them, or pass them once
+        they prove to hold none. Call about once a second."""
+        partitions: list[Any] = self.continuity.partitions()  # Kafka (topic, partition)s
+        for tp in partitions:
+            if self.buffer.holds(tp):
+                continue
+            try:
+                position = await asyncio.wait_for(self._consumer.position(tp), 1.0)
+            except Exception:  # revoked meanwhile, the consumer stopping: look next time
+                continue
+            if position is None or self.buffer.holds(tp) or not self.continuity.knows(tp):
+                continue  # records arrived, or it was revoked, while the position was read
+            verdict = self.continuity.at_end(tp, position)
+            if verdict is None:
+                continue
+            if verdict.seek_to is not None:
+                log.info(
+                    "%s[%d]: the consumer is at %d, past the last record read; "
+                    "reading from %d again",
+                    tp[0],
+                    tp[1],
+                    position,
+                    verdict.seek_to,
+                )
+                self._spawn(self._seek(tp, verdict.seek_to))
+            if verdict.accepted_hole is not None:
+                low, high = verdict.accepted_hole
+                log.warning(
+                    "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
+                    tp[0],
+                    tp[1],
+                    low,
+                    high,
+                )
+                self._consumer.pass_end(tp, low, high)
 
     async def _seek(self, tp: Any, offset: int) -> None:
         with contextlib.suppress(Exception):  # revoked meanwhile: the next owner reads it

@@ -120,3 +120,47 @@ def test_overdue_names_seeks_of_partitions_that_went_quiet() -> None:
     assert c.check("p", 1).process
     clock.ms = 10_000
     assert c.overdue() == []  # the hole was filled
+
+
+def test_offsets_passed_at_the_end_are_sought_back_for_then_accepted() -> None:
+    """A transaction's markers end the partition: no record follows them, but the
+    consumer's position is past them."""
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock)
+    for o in range(0, 3):
+        c.check("p", o)
+    assert c.at_end("p", 3) is None  # at the next record: nothing passed
+    assert c.at_end("p", 5) == Verdict(process=False, seek_to=3)
+    clock.ms = 1999
+    assert c.at_end("p", 5) is None  # the seek had no time yet
+    assert c.overdue() == []  # at_end times its own seeks
+    clock.ms = 2000
+    assert c.at_end("p", 3) is None  # sought back: the fetch is under way
+    assert c.at_end("p", 5) == Verdict(process=False, seek_to=3)  # back at 5, no record
+    clock.ms = 4000
+    assert c.at_end("p", 5) == Verdict(process=False, accepted_hole=(3, 4))
+    assert c.at_end("p", 5) is None
+    assert c.check("p", 5).process  # the next record produced after the markers
+
+
+def test_records_dropped_at_the_end_come_back_after_the_seek() -> None:
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock)
+    c.check("p", 0)
+    assert c.at_end("p", 4) == Verdict(process=False, seek_to=1)
+    assert all(c.check("p", o).process for o in range(1, 4))  # fetched again, answered
+    clock.ms = 5000
+    assert c.at_end("p", 4) is None
+    assert c.check("p", 2) == Verdict(process=False)  # a second copy
+
+
+def test_a_record_after_a_hole_seen_at_the_end_is_judged_as_any_hole() -> None:
+    """The timer saw the markers before the record after them arrived: that record
+    carries on the count of seeks, and the hole is accepted as one before a record."""
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock)
+    c.check("p", 0)
+    assert c.at_end("p", 3) == Verdict(process=False, seek_to=1)
+    assert c.check("p", 3) == Verdict(process=False, seek_to=1)  # first after the seek
+    assert c.check("p", 3) == Verdict(process=True, accepted_hole=(1, 2))
+    assert c.at_end("p", 4) is None

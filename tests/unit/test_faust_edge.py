@@ -99,6 +99,39 @@ def test_a_released_lane_offset_is_acked_to_faust() -> None:
     assert out == {"before": [], "after": [5], "unacked": 0}
 
 
+def test_offsets_passed_at_a_partitions_end_let_faust_commit_past_them() -> None:
+    """A transaction's two markers end the partition after offset 4: Faust's gaps count
+    only below an acked offset, so its commit stopped at 5; with the markers passed
+    (``pass_end``) Faust's own ``_new_offset`` reaches 7, the log end."""
+    done = _python(
+        """
+        import asyncio, json
+        import faust
+        from faust.types.tuples import TP, ConsumerMessage as Message
+        from pipeline import faust_edge
+
+        app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
+        app.topics.acking_topics.add("lane")
+        consumer = app.consumer
+        tp = TP("lane", 0)
+        consumer._committed_offset[tp] = 3
+        for offset in (3, 4):
+            m = Message("lane", 0, offset, 0.0, 0, None, b"k", b"v", None, tp=tp)
+            consumer.ack(m)
+        out = {"records": consumer._new_offset(tp)}
+        consumer._committed_offset[tp] = out["records"]
+        asyncio.run(faust_edge.add_gap(consumer, tp, 5, 6))
+        out["gap"] = consumer._new_offset(tp)
+        faust_edge.pass_end(consumer, ("lane", 0), 5, 6)
+        out["passed"] = consumer._new_offset(tp)
+        print(json.dumps(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"records": 5, "gap": None, "passed": 7}
+
+
 def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
     """Faust's own ``Consumer.getmany`` runs (flow control, generation, active partitions,
     its round robin over partitions); the lane records of one fetch reach the sink in

@@ -21,6 +21,7 @@ from pipeline.client import request_bytes
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Runtime
 from pipeline.worker.admission import LaneBounds
+from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
 from pipeline.worker.lane_reader import CHUNK, Consumer, LaneReader
 
@@ -240,6 +241,8 @@ class _Rig:
         self.starts: dict[tuple[str, int], int | asyncio.Future[int | None] | None] = {}
         self.paused: list[Any] = []
         self.resumed: list[Any] = []
+        self.positions: dict[Any, int] = {}  # the consumer's position per partition
+        self.passed: list[tuple[Any, int, int]] = []  # pass_end calls
         self.buffer = LaneBuffer(
             LANE_OF,
             LaneBounds(self.settings.batch.stream_buffer, self.settings.batch.max_inflight_bytes),
@@ -254,6 +257,8 @@ class _Rig:
                 add_gap=self._add_gap,
                 forget=self.forgotten.extend,
                 start_offset=self._start_offset,
+                position=self._position,
+                pass_end=lambda tp, low, high: self.passed.append((tp, low, high)),
             ),
         )
         self.runtime = _Runtime(
@@ -269,6 +274,9 @@ class _Rig:
 
     async def _seek(self, tp: Any, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    async def _position(self, tp: Any) -> int | None:
+        return self.positions.get(tp)
 
     async def _add_gap(self, tp: Any, low: int, high: int) -> None:
         raise AssertionError(f"no gap is expected here: {tp} {low}..{high}")
@@ -449,3 +457,41 @@ def test_a_full_lane_keeps_its_records_buffered_and_takes_them_once_room_is_free
         assert rig.forgotten == [] and rig.letters == [] and rig.seeks == []
 
     _run(body, env={"PIPELINE_BATCH_MAX_INFLIGHT": "2"})
+
+
+def test_offsets_passed_at_a_partitions_end_are_sought_for_then_passed() -> None:
+    """The consumer's position is past the last record read and nothing is buffered:
+    the reader seeks back (records dropped there come back), and after as many seeks as
+    a hole needs with the same position and no record, the offsets are passed to the
+    commit."""
+
+    async def body(rig: _Rig) -> None:
+        clock = [0.0]
+        rig.reader.continuity = Continuity(reseek_after_ms=2000, clock_ms=lambda: clock[0])
+        rig.read()
+        batches = rig.batch()
+        tp = TP(STD, 0)
+        rig.buffer.put([request(STD, 0, o) for o in range(3)])
+        await until(lambda: len(rig.taken()) == 3, "three records")
+        await rig.reader.check_ends()
+        assert rig.seeks == []  # no position: nothing to judge
+        rig.positions[tp] = 3
+        await rig.reader.check_ends()
+        assert rig.seeks == []  # at the next record: nothing passed
+        rig.positions[tp] = 5  # two markers after offset 2
+        await rig.reader.check_ends()
+        await until(lambda: rig.seeks == [(tp, 3)], "the seek")
+        clock[0] = 2000
+        await rig.reader.check_ends()
+        await until(lambda: len(rig.seeks) == 2, "the second seek")
+        assert rig.seeks == [(tp, 3), (tp, 3)] and rig.passed == []
+        clock[0] = 4000
+        await rig.reader.check_ends()
+        assert rig.passed == [(tp, 3, 4)]
+        await rig.reader.check_ends()
+        assert rig.passed == [(tp, 3, 4)] and len(rig.seeks) == 2
+        rig.buffer.put([request(STD, 0, 5)])  # the next record, after the markers
+        await settle(rig.runtime, batches, lambda: len(rig.released) == 4)
+        assert rig.taken() == [(STD, 0, o) for o in (0, 1, 2, 5)]
+
+    _run(body)
