@@ -180,17 +180,21 @@ def send(
     prefix: str,
     collector: _SendLog,
     progress: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> float:
-    """Send ``workload`` at its offsets (open loop; all at once when they are 0).
+    """Send ``workload`` at its offsets (open loop; all at once when they are 0),
+    up to the end or until ``stop`` is set (then nothing more is sent, waits included).
 
-    Request ids are ``prefix + index``. Returns the wall time (ms) of the first send.
+    Request ids are ``prefix + index``; each one sent is in ``collector.sent``.
+    Returns the wall time (ms) of the first send.
     """
     start = wall_ms()
     t0 = time.monotonic()
+    stop = stop or threading.Event()
     for req in workload:
         delay = req.offset_ms / 1000.0 - (time.monotonic() - t0)
-        if delay > 0:
-            time.sleep(delay)
+        if stop.wait(delay) if delay > 0 else stop.is_set():
+            break
         rid = f"{prefix}{req.index}"
         collector.sent[rid] = (req.lane, wall_ms())
         producer.send(req.text, lane=req.lane, request_id=rid)

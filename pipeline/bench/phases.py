@@ -2,6 +2,8 @@
 
 - :func:`run_phase`: a workload (saturation, open-loop load, a burst) sent by
   one producer thread; answers counted as they come back;
+- :func:`backlog`: a bulk backlog at once, and realtime requests at a slow
+  steady rate while it drains (the same sending and counting);
 - :func:`after_idle`: single realtime requests, each after ``idle_s`` of
   silence, each waited for before the next silence starts;
 - :func:`faust_floor`: the noop saturation workload through a bare Faust
@@ -15,13 +17,22 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from pipeline.bench.drive import FloorCounter, send, wall_ms
-from pipeline.bench.stats import batch_stats, metric_total, scrape, summarize
+from pipeline.bench.drive import Collector, FloorCounter, send, wall_ms
+from pipeline.bench.stats import (
+    Answered,
+    batch_stats,
+    last_answer_s,
+    metric_total,
+    scrape,
+    summarize,
+)
 from pipeline.bench.workload import BenchRequest, WorkloadSpec, generate
+from pipeline.bench.workload import backlog as backlog_workload
 from pipeline.client import RequestProducer
 from pipeline.security import security_env
 from pipeline.settings import LANES, Settings
@@ -30,7 +41,7 @@ if TYPE_CHECKING:
     from pipeline.bench.modes import Deployment
     from pipeline.bench.run import BenchConfig
 
-__all__ = ["Sampler", "after_idle", "faust_floor", "run_phase", "say"]
+__all__ = ["Sampler", "after_idle", "backlog", "faust_floor", "run_phase", "say"]
 
 
 def say(message: str) -> None:
@@ -72,16 +83,86 @@ class Sampler:
 
 
 def _summary(
-    dep: Deployment, name: str, workload: list[BenchRequest], prefix: str, started_ms: float
+    dep: Deployment, name: str, answers: list[Answered], *, sent: int, started_ms: float
 ) -> dict[str, Any]:
-    assert dep.collector is not None
     settings = dep.settings.worker
     return summarize(
-        dep.collector.of(prefix),
-        sent=len(workload),
+        answers,
+        sent=sent,
         started_ms=started_ms,
         deadlines_ms={lane: settings.lane_deadline_ms(lane) for lane in LANES},
     ) | {"phase": name, "workers": len(dep.workers)}
+
+
+def _play(
+    dep: Deployment,
+    name: str,
+    workload: list[BenchRequest],
+    *,
+    span_s: float,
+    config: BenchConfig,
+    sampler: Sampler | None,
+    stop_when: Callable[[list[Answered]], bool] | None = None,
+) -> tuple[dict[str, Any], list[Answered], float]:
+    """Send ``workload`` from one producer thread, wait for its answers (at most
+    ``span_s`` plus ``config.answer_timeout_s``), summarise. Sending stops early once
+    ``stop_when`` holds for the answers so far; ``sent`` counts what went out.
+    Returns the summary, the answers and the wall time (ms) of the first send."""
+    assert dep.collector is not None
+    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
+    if sampler is not None:
+        sampler.phase = name
+    before, cpu0, t0 = dep.scrape(), dep.cpu_s(), time.monotonic()
+    bar = tqdm(
+        total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
+    )
+    collector = dep.collector
+    stop = threading.Event()
+    with RequestProducer(dep.settings, source="pipeline bench") as producer:
+        # Before the clock starts: a cold producer holds its first requests while it
+        # connects (100-500 ms measured), which would be charged to the worker.
+        producer.connect()
+        started: list[float] = []
+
+        def play() -> None:
+            started.append(send(producer, workload, prefix=prefix, collector=collector,
+                                stop=stop))  # fmt: skip
+
+        sender = threading.Thread(target=play, name="bench-sender", daemon=True)
+        sender.start()
+        deadline = time.monotonic() + config.answer_timeout_s + span_s
+        done, target = 0, len(workload)
+        while time.monotonic() < deadline:
+            now = collector.count(prefix)
+            bar.update(now - done)
+            done = now
+            if stop_when is not None and not stop.is_set() and stop_when(collector.of(prefix)):
+                stop.set()
+            if not sender.is_alive():  # what it sent is all there is to wait for
+                target = min(target, _sent(collector, prefix))
+                if done >= target:
+                    break
+            time.sleep(0.1)
+        stop.set()
+        sender.join(60)
+    bar.close()
+    after, cpu1, wall = dep.scrape(), dep.cpu_s(), time.monotonic() - t0
+    answers = collector.of(prefix)
+    started_ms = started[0] if started else wall_ms()
+    summary = _summary(dep, name, answers, sent=_sent(collector, prefix), started_ms=started_ms)
+    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
+    summary |= {
+        **batch_stats(before, after),
+        "tokenize_share": None,
+        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+        "peak_rss_bytes": dep.peak_rss_bytes(),
+        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
+    }
+    return summary, answers, started_ms
+
+
+def _sent(collector: Collector, prefix: str) -> int:
+    return sum(1 for rid in list(collector.sent) if rid.startswith(prefix))
 
 
 def run_phase(
@@ -93,55 +174,52 @@ def run_phase(
     sampler: Sampler | None = None,
 ) -> dict[str, Any]:
     """Send one workload to ``dep``'s workers and summarise what came back."""
-    assert dep.collector is not None
-    workload = generate(spec)
-    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
-    if sampler is not None:
-        sampler.phase = name
-    before, cpu0, t0 = dep.scrape(), dep.cpu_s(), time.monotonic()
-    bar = tqdm(
-        total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
-    )
-    collector = dep.collector
-    with RequestProducer(dep.settings, source="pipeline bench") as producer:
-        # Before the clock starts: a cold producer holds its first requests while it
-        # connects (100-500 ms measured), which would be charged to the worker.
-        producer.connect()
-        started: list[float] = []
-
-        def play() -> None:
-            started.append(send(producer, workload, prefix=prefix, collector=collector))
-
-        sender = threading.Thread(target=play, name="bench-sender", daemon=True)
-        sender.start()
-        deadline = time.monotonic() + config.answer_timeout_s
-        deadline += spec.n / spec.rate if spec.rate else 0.0
-        done = 0
-        while time.monotonic() < deadline:
-            now = collector.count(prefix)
-            bar.update(now - done)
-            done = now
-            if done >= len(workload) and not sender.is_alive():
-                break
-            time.sleep(0.1)
-        sender.join(60)
-    bar.close()
-    after, cpu1, wall = dep.scrape(), dep.cpu_s(), time.monotonic() - t0
-    summary = _summary(dep, name, workload, prefix, started[0] if started else wall_ms())
-    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
-    summary |= {
-        "offered_rate": spec.rate or None,
-        "dup_rate": spec.dup_rate,
-        **batch_stats(before, after),
-        "tokenize_share": None,
-        "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
-        "peak_rss_bytes": dep.peak_rss_bytes(),
-        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
-    }
+    span_s = spec.n / spec.rate if spec.rate else 0.0
+    summary, _, _ = _play(dep, name, generate(spec), span_s=span_s, config=config, sampler=sampler)
+    summary |= {"offered_rate": spec.rate or None, "dup_rate": spec.dup_rate}
     say(
         f"{dep.mode}/{name}: {summary['answered']}/{summary['sent']} answered, "
         f"{summary['throughput']:.1f}/s, realtime p99 {summary['latency_ms']['realtime']['p99']}"
         + (f", expired {sum(summary['expired'].values())}" if name == "burst" else "")
+    )
+    return summary
+
+
+def backlog(
+    dep: Deployment, *, config: BenchConfig, seed: int, sampler: Sampler | None = None
+) -> dict[str, Any]:
+    """``config.backlog_requests`` bulk requests at once, then realtime requests open
+    loop at ``config.backlog_rate`` per second while the bulk drains: the realtime
+    stream stops once every bulk request is answered (result or dead letter), and
+    in any case after ``round(backlog_rate * backlog_max_s)`` requests (about
+    ``backlog_max_s`` seconds): the bound when the backlog does not drain."""
+    n, rate = config.backlog_requests, config.backlog_rate
+    workload = backlog_workload(n, rate=rate, realtime=round(rate * config.backlog_max_s),
+                                seed=seed, dup_rate=config.dup_rate)  # fmt: skip
+
+    def drained(answers: list[Answered]) -> bool:
+        return sum(1 for a in answers if a.lane == "bulk") >= n
+
+    summary, answers, started_ms = _play(
+        dep, "backlog", workload, span_s=config.backlog_max_s, config=config, sampler=sampler,
+        stop_when=drained,
+    )  # fmt: skip
+    summary |= {
+        "offered_rate": None,  # not a load level: a backlog plus a slow realtime stream
+        "dup_rate": config.dup_rate,
+        "backlog_requests": n,
+        "realtime_rate": rate,
+        "backlog_max_s": config.backlog_max_s,
+        "drain_s": last_answer_s(answers, "bulk", started_ms),
+        "drained": drained(answers),
+    }
+    rt = summary["latency_ms"]["realtime"]
+    drain = summary["drain_s"]
+    say(
+        f"{dep.mode}/backlog: {n} bulk "
+        + (f"drained in {drain:.1f} s" if summary["drained"] and drain else "not drained")
+        + f", {summary['answered_by_lane']['realtime']} realtime at {rate:g}/s meanwhile: "
+        f"p50/p95/p99 {rt['p50']}/{rt['p95']}/{rt['p99']} ms, expired {summary['expired']}"
     )
     return summary
 
@@ -165,7 +243,9 @@ def after_idle(dep: Deployment, *, config: BenchConfig, seed: int) -> dict[str, 
             while collector.count(prefix) <= req.index and time.monotonic() < deadline:
                 time.sleep(0.005)
     cpu1, wall = dep.cpu_s(), time.monotonic() - t0
-    summary = _summary(dep, "after-idle", workload, prefix, started)
+    summary = _summary(
+        dep, "after-idle", collector.of(prefix), sent=len(workload), started_ms=started
+    )
     latencies = sorted(
         a.received_ms - a.created_at_ms for a in collector.of(prefix) if a.kind == "result"
     )

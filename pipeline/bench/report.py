@@ -103,6 +103,15 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target(f"adaptive, the same burst{burst_n}: realtime expirations",
                        None if burst is None else float(burst["expired"]["realtime"]),
                        0.0, "", at_most=True))  # fmt: skip
+    backlog = _phase(report, "adaptive", "backlog")
+    what = "a bulk backlog" if backlog is None else (
+        f"realtime at {backlog['realtime_rate']:g}/s while a {backlog['backlog_requests']:,}"
+        "-request bulk backlog")  # fmt: skip
+    out.append(_target(f"adaptive, {what} drains: realtime p99", _lane(backlog, "p99"), 150.0,
+                       "ms", at_most=True))  # fmt: skip
+    out.append(_target("adaptive, the same backlog: realtime expirations",
+                       None if backlog is None else float(backlog["expired"]["realtime"]),
+                       0.0, "", at_most=True))  # fmt: skip
     idle = _phase(report, "noop", "after-idle")
     idle_s = "" if idle is None else f" ({idle['idle_s']:g} s silences)"
     out.append(_target(f"noop, a realtime request after idle{idle_s}: p99", _lane(idle, "p99"),
@@ -189,6 +198,20 @@ def _rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _backlog_line(p: dict[str, Any]) -> str:
+    """How the backlog phase went: how long the bulk took and what realtime rode along."""
+    drain = p.get("drain_s")
+    drained = (f"drained in {drain:.1f} s" if p.get("drained") and drain is not None
+               else f"was not drained when the realtime stream ended ({p['backlog_max_s']:g} s "
+               "at most)")  # fmt: skip
+    realtime = p["sent"] - p["backlog_requests"]
+    return (
+        f"Backlog (adaptive): {p['backlog_requests']:,} bulk requests at once into the idle "
+        f"worker {drained}; {realtime} realtime requests sent at {p['realtime_rate']:g}/s "
+        "meanwhile."
+    )
+
+
 def _threads_table(rows: list[dict[str, Any]]) -> list[str]:
     """The thread-budget sweep: texts/s per setting, and each against the first setting."""
     lines = [
@@ -250,6 +273,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"After idle (noop, {idle['idle_s']:g} s of silence before each request), "
                   "creation → result, ms: " + ", ".join(f"{v:.0f}" for v in idle["latencies_ms"]),
                   ""]  # fmt: skip
+    backlog = _phase(report, "adaptive", "backlog")
+    if backlog is not None:
+        lines += [_backlog_line(backlog), ""]
     path = _path_table(report)
     if path:
         lines += [*path, ""]

@@ -9,6 +9,10 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
 - ``dup-0`` / ``dup-50``: saturation at 0 % and 50 % duplicates (adaptive);
 - ``burst``: ``burst_requests`` at once into the adaptive worker after
   ``idle_s`` of silence (the seed's case);
+- ``backlog``: ``backlog_requests`` bulk requests at once into the adaptive
+  worker after ``idle_s`` of silence, and realtime requests at
+  ``backlog_rate`` per second until the bulk is answered (at most
+  ``backlog_max_s`` seconds of them);
 - noop, faust-floor and the floor: ``noop_requests`` events at saturation;
 - ``after-idle`` (noop): ``idle_requests`` single realtime requests, each
   after ``idle_s`` of silence.
@@ -39,7 +43,7 @@ from pipeline.bench.modes import (
     model_settings_for,
     run_raw,
 )
-from pipeline.bench.phases import Sampler, after_idle, faust_floor, run_phase, say
+from pipeline.bench.phases import Sampler, after_idle, backlog, faust_floor, run_phase, say
 from pipeline.bench.stats import ProcProbe
 from pipeline.bench.threads import ThreadSetting, raw_threads
 from pipeline.bench.workload import WorkloadSpec, generate
@@ -73,6 +77,9 @@ class BenchConfig:
     threads: tuple[str, ...] = ()
     workers: int = 1  # worker processes per mode, side by side (one consumer group)
     burst_requests: int = 1000  # adaptive's burst phase; 0: none
+    backlog_requests: int = 1500  # adaptive's backlog phase (bulk); 0: none
+    backlog_rate: float = 10.0  # its realtime requests per second while the bulk drains
+    backlog_max_s: float = 60.0  # the bound on that realtime stream, should the bulk not drain
     idle_requests: int = 10  # noop's after-idle phase; 0: none
     idle_s: float = 3.0  # the silence before a burst and before each after-idle request
 
@@ -80,7 +87,8 @@ class BenchConfig:
     def quick(cls, **changes: Any) -> BenchConfig:
         """A smoke run: a few seconds per mode."""
         base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_sizes=(8,),
-                   burst_requests=60, idle_requests=3, idle_s=1.0)  # fmt: skip
+                   burst_requests=60, backlog_requests=100, backlog_max_s=10.0,
+                   idle_requests=3, idle_s=1.0)  # fmt: skip
         return dataclasses.replace(base, **changes)
 
 
@@ -137,6 +145,9 @@ def _worker_mode(
                     n=config.burst_requests, seed=config.seed + 20, dup_rate=config.dup_rate
                 )
                 phases.append(run_phase(dep, "burst", burst, config=config, sampler=sampler))
+            if config.backlog_requests:
+                time.sleep(config.idle_s)
+                phases.append(backlog(dep, config=config, seed=config.seed + 40, sampler=sampler))
         if mode == "noop" and config.idle_requests:
             phases.append(after_idle(dep, config=config, seed=config.seed + 30))
     finally:

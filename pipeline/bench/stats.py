@@ -20,6 +20,7 @@ __all__ = [
     "PATH_LEGS",
     "Answered",
     "ProcProbe",
+    "last_answer_s",
     "metric_total",
     "parse_metrics",
     "path_breakdown",
@@ -121,6 +122,13 @@ def summarize(
             for level in ("batch", "inflight", "stored")
         },
     }
+
+
+def last_answer_s(answers: Iterable[Answered], lane: str, started_ms: float) -> float | None:
+    """Seconds from ``started_ms`` to the receipt of ``lane``'s last answer (result
+    or dead letter): how long a backlog of that lane took to drain; ``None`` for none."""
+    last = max((a.received_ms for a in answers if a.lane == lane), default=None)
+    return None if last is None else (last - started_ms) / 1000.0
 
 
 #: The legs of a computed answer's latency, in the order they happen.

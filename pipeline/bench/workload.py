@@ -13,6 +13,9 @@ offset). Promises, for a given :class:`WorkloadSpec`:
   new (never seen before in the list);
 - offsets are open-loop Poisson arrivals at ``rate`` per second, or all 0
   (saturation: send as fast as possible) when ``rate`` is 0.
+
+:func:`backlog` joins two such lists: a bulk backlog sent at once and a
+realtime stream across it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 
 from pipeline.settings import LANES
 
-__all__ = ["WORDS", "BenchRequest", "WorkloadSpec", "generate"]
+__all__ = ["WORDS", "BenchRequest", "WorkloadSpec", "backlog", "generate"]
 
 #: The vocabulary texts are built from (common English words: real tokenizer pieces).
 _VOCABULARY = """
@@ -117,3 +120,25 @@ def generate(spec: WorkloadSpec) -> list[BenchRequest]:
                 hot.append(text)
         out.append(BenchRequest(i, text, lane, clock, duplicate))
     return out
+
+
+def backlog(
+    bulk: int, *, rate: float, realtime: int, seed: int, dup_rate: float = 0.2
+) -> list[BenchRequest]:
+    """``bulk`` bulk requests at offset 0, then ``realtime`` realtime requests open
+    loop at ``rate`` per second from offset 0 (so they arrive while the bulk
+    drains, if it takes that long), as one list in send order.
+
+    Promises: the bulk part is ``generate`` of a bulk-only spec (``seed``,
+    ``dup_rate``); the realtime part is ``generate`` of a realtime-only spec
+    (``seed + 1``, no repeats: each realtime request is computed, not answered
+    from the dedupe levels); indices run 0..len-1 in that order; offsets never
+    decrease.
+    """
+    if rate <= 0:
+        raise ValueError("the realtime stream needs rate > 0")
+    heap = generate(WorkloadSpec(n=bulk, seed=seed, dup_rate=dup_rate, lane_mix=(0, 0, 1)))
+    stream = generate(
+        WorkloadSpec(n=realtime, seed=seed + 1, rate=rate, dup_rate=0.0, lane_mix=(1, 0, 0))
+    )
+    return heap + [dataclasses.replace(r, index=bulk + r.index) for r in stream]

@@ -153,6 +153,22 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     "60; 0: no burst phase].",
 )
 @click.option(
+    "--backlog",
+    "backlog_requests",
+    type=click.IntRange(0),
+    default=None,
+    help="Bulk requests of adaptive's backlog phase, all at once into the idle worker, with "
+    "realtime requests at 10/s until they are all answered [1500; quick 100; 0: no backlog "
+    "phase].",
+)
+@click.option(
+    "--backlog-max-s",
+    type=click.FloatRange(1),
+    default=None,
+    help="Longest realtime stream of the backlog phase, in seconds, should the bulk not "
+    "drain sooner [60; quick 10].",
+)
+@click.option(
     "--idle-requests",
     type=click.IntRange(0),
     default=None,
@@ -163,7 +179,8 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     "--idle-s",
     type=click.FloatRange(0),
     default=None,
-    help="Seconds of silence before the burst and before each after-idle request [3; quick 1].",
+    help="Seconds of silence before the burst, the backlog and each after-idle request "
+    "[3; quick 1].",
 )
 @keep_broker_option
 @click.pass_obj
@@ -186,6 +203,8 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     threads: tuple[str, ...],
     workers: int,
     burst_requests: int | None,
+    backlog_requests: int | None,
+    backlog_max_s: float | None,
     idle_requests: int | None,
     idle_s: float | None,
     keep_broker: bool,
@@ -197,10 +216,11 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     Zipf-skewed hot set), through a real `faust -A pipeline.app worker`
     process with its own topics (--workers of them side by side). Phases:
     saturation (throughput), open-loop load at --loads x the base rate
-    (latency per lane, adaptive and fixed), 0 % vs 50 % duplicates and a burst
-    into the idle worker (adaptive), single realtime requests after silences
-    (noop's after-idle). Writes bench.json, bench.md (a table and the targets)
-    and PNG plots into --out.
+    (latency per lane, adaptive and fixed), 0 % vs 50 % duplicates, a burst
+    into the idle worker and realtime at 10/s while a bulk backlog drains
+    (adaptive), single realtime requests after silences (noop's after-idle).
+    Writes bench.json, bench.md (a table and the targets) and PNG plots into
+    --out.
 
     Without --bootstrap, the local broker is started (or reused) as by
     `pipeline kafka up`, and stopped afterwards if this command started it.
@@ -212,6 +232,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --device cuda --modes raw,adaptive,sync --requests 5000
       pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
       pipeline bench --modes noop,faust-floor,floor --workers 2  # two workers per host
+      pipeline bench --modes adaptive -n 100 --loads 0.8 --burst 0  # little but the backlog
     """
     from pipeline.bench import run_bench, write_report
 
@@ -238,6 +259,8 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         changes["loads"] = loads
     for name, value in (
         ("burst_requests", burst_requests),
+        ("backlog_requests", backlog_requests),
+        ("backlog_max_s", backlog_max_s),
         ("idle_requests", idle_requests),
         ("idle_s", idle_s),
     ):

@@ -3,14 +3,26 @@ anywhere; the smoke runs on the real broker are in tests/kafka/test_bench_live.p
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from typing import cast
 
 import pytest
 from click.testing import CliRunner
 
 from pipeline.bench import WORDS, WorkloadSpec, generate, markdown, percentile, summarize, targets
-from pipeline.bench.stats import Answered, ProcProbe, batch_stats, metric_total, parse_metrics
+from pipeline.bench.drive import send
+from pipeline.bench.stats import (
+    Answered,
+    ProcProbe,
+    batch_stats,
+    last_answer_s,
+    metric_total,
+    parse_metrics,
+)
+from pipeline.bench.workload import backlog
 from pipeline.cli import main
+from pipeline.client import RequestProducer
 from pipeline.inference import load_model
 from pipeline.scheduling import Controller
 from pipeline.settings import ModelSettings, SchedulerSettings
@@ -71,6 +83,56 @@ def test_bad_specs_are_refused() -> None:
         WorkloadSpec(n=10, dup_rate=1.5)
     with pytest.raises(ValueError):
         WorkloadSpec(n=10, lane_mix=(1.0, 0.0))  # type: ignore[arg-type]
+
+
+def test_backlog_is_bulk_at_once_then_a_realtime_stream_at_its_rate() -> None:
+    reqs = backlog(300, rate=10.0, realtime=200, seed=4, dup_rate=0.2)
+    assert reqs == backlog(300, rate=10.0, realtime=200, seed=4, dup_rate=0.2)
+    assert [r.index for r in reqs] == list(range(500))
+    heap, stream = reqs[:300], reqs[300:]
+    assert {r.lane for r in heap} == {"bulk"} and {r.offset_ms for r in heap} == {0.0}
+    assert any(r.duplicate for r in heap)  # the bulk repeats like any other workload
+    assert {r.lane for r in stream} == {"realtime"} and not any(r.duplicate for r in stream)
+    offsets = [r.offset_ms for r in reqs]
+    assert offsets == sorted(offsets) and stream[0].offset_ms == 0.0
+    assert abs(stream[-1].offset_ms / 1000 - 200 / 10.0) < 3.0  # Poisson at 10/s
+    assert not {r.text for r in stream} & {r.text for r in heap}
+    with pytest.raises(ValueError):
+        backlog(10, rate=0.0, realtime=5, seed=1)
+
+
+class _Recorder:
+    """Takes the place of the producer: what ``send`` handed over, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, text: str, *, lane: str, request_id: str) -> str:
+        self.sent.append((request_id, lane))
+        return request_id
+
+    def flush(self) -> None:
+        pass
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[str, float]] = {}
+
+
+def test_send_stops_once_told_without_waiting_for_the_next_offset() -> None:
+    # The realtime stream is 100 s apart: were the stop not honoured, send would wait.
+    workload = backlog(5, rate=0.01, realtime=3, seed=2)
+    producer, log, stop = _Recorder(), _Log(), threading.Event()
+
+    def progress(_: int) -> None:
+        if len(producer.sent) == 5:
+            stop.set()
+
+    send(cast(RequestProducer, producer), workload, prefix="p-", collector=log,
+         progress=progress, stop=stop)  # fmt: skip
+    assert producer.sent == [(f"p-{i}", "bulk") for i in range(5)]
+    assert sorted(log.sent) == [f"p-{i}" for i in range(5)]
 
 
 # -- report math -----------------------------------------------------------------
@@ -236,6 +298,41 @@ def test_targets_for_the_seed_case_burst_after_idle_and_the_faust_floor() -> Non
     assert "creation → result, ms: 12, 40" in table and "2 worker processes" in table
 
 
+def test_backlog_targets_drain_time_and_its_line_in_the_report() -> None:
+    def answer(rid: str, lane: str, created: int, received: float) -> Answered:
+        return Answered(rid, lane, "result", created, received, completed_at_ms=int(received))
+
+    started = 1000.0
+    answers = [
+        answer("b0", "bulk", 1000, 4000.0),
+        answer("r0", "realtime", 1000, 1120.0),
+        answer("b1", "bulk", 1000, 9200.0),
+        answer("r1", "realtime", 2000, 2090.0),
+        Answered("r2", "realtime", "dead_letter", 3000, 3050.0, stage="expired"),
+    ]
+    assert last_answer_s(answers, "bulk", started) == pytest.approx(8.2)
+    assert last_answer_s(answers, "standard", started) is None
+    s = summarize(answers, sent=1503, started_ms=started, deadlines_ms={"realtime": 200})
+    phase = {**s, "phase": "backlog", "backlog_requests": 1500, "realtime_rate": 10.0,
+             "backlog_max_s": 60.0, "drain_s": 8.2, "drained": True}  # fmt: skip
+    report = {"modes": {"adaptive": {"mode": "adaptive", "phases": [phase]}}}
+    by_name = {t["target"]: t for t in targets(report)}
+    p99 = by_name["adaptive, realtime at 10/s while a 1,500-request bulk backlog drains: "
+                  "realtime p99"]  # fmt: skip
+    assert p99["value"] == pytest.approx(s["latency_ms"]["realtime"]["p99"])
+    assert p99["goal"] == 150.0 and p99["met"] is True  # 120 and 90 ms
+    expired = by_name["adaptive, the same backlog: realtime expirations"]
+    assert expired["value"] == 1.0 and expired["met"] is False
+    table = markdown(report)
+    assert "| adaptive | backlog |" in table
+    assert "1,500 bulk requests at once into the idle worker drained in 8.2 s" in table
+    assert "3 realtime requests sent at 10/s meanwhile" in table
+    stuck = markdown({"modes": {"adaptive": {"phases": [phase | {"drained": False}]}}})
+    assert "was not drained when the realtime stream ended (60 s at most)" in stuck
+    unrun = {t["target"]: t for t in targets({"modes": {}})}
+    assert unrun["adaptive, a bulk backlog drains: realtime p99"]["met"] is None
+
+
 # -- the small additions: noop model, fixed policy --------------------------------
 
 
@@ -268,6 +365,8 @@ def test_help_lists_the_flags() -> None:
         "--bootstrap",
         "--workers",
         "--burst",
+        "--backlog",
+        "--backlog-max-s",
         "--idle-requests",
         "--idle-s",
     ):
