@@ -40,7 +40,11 @@ def test_quick_bench_answers_everything_and_writes_the_report(
     assert set(report) >= {"config", "machine", "modes", "targets", "elapsed_s"}
     assert set(report["modes"]) == {"noop", "adaptive", "faust-floor"}
     phases = {p["phase"] for p in report["modes"]["adaptive"]["phases"]}
-    assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst"}
+    assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst", "backlog"}
+    backlog = report["modes"]["adaptive"]["phases"][-1]
+    assert backlog["phase"] == "backlog" and backlog["drained"] is True
+    assert backlog["answered_by_lane"]["bulk"] == backlog["backlog_requests"] == 100
+    assert backlog["answered_by_lane"]["realtime"] >= 1 and backlog["drain_s"] > 0
     assert [p["phase"] for p in report["modes"]["noop"]["phases"]] == ["saturate", "after-idle"]
     idle = report["modes"]["noop"]["phases"][1]
     assert idle["answered_by_lane"]["realtime"] == idle["sent"] == 3
@@ -57,6 +61,7 @@ def test_quick_bench_answers_everything_and_writes_the_report(
     table = (out / "bench.md").read_text()
     assert "| noop | saturate |" in table and "| target | measured |" in table
     assert "| adaptive | burst |" in table and "| noop | after-idle |" in table
+    assert "| adaptive | backlog |" in table and "Backlog (adaptive): 100 bulk" in table
     for png in ("latency_vs_load.png", "adaptive_timeline.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
