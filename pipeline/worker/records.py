@@ -82,3 +82,6 @@ class Work:
     #: True once its stored result proved unusable (undecodable, another model
     #: version): it is computed, and the store is not asked again.
     stored_unusable: bool = False
+    #: The dedupe owner's count of store writes when the store was last asked for it
+    #: (-1: never), so it is asked again only if its key may have been stored since.
+    recalled_at: int = -1

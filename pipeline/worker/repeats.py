@@ -20,7 +20,10 @@ It is asked twice before the model and told once after it:
 2. :meth:`lead` when its batch is formed: work queued while a twin was being
    computed finds that twin's result now (settled or stored), or joins its
    computation. Joining at intake instead would tie a realtime repeat to a
-   bulk leader still queued behind other bulk work;
+   bulk leader still queued behind other bulk work. The store is read again
+   only for a key this worker stored since the work's first look: the last
+   :data:`RECENT` writes are remembered by key (a store read was about 4 % of
+   a noop worker's time; a work older than them is looked up);
 3. :meth:`finish` when the model answered a key, then :meth:`remember` (the
    store write) once the leader's result is acknowledged by the broker, or
    :meth:`forget` when it will not be stored.
@@ -28,6 +31,7 @@ It is asked twice before the model and told once after it:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +40,11 @@ from pipeline.dedupe import SingleFlight, StoredResults
 from pipeline.inference import Prediction
 from pipeline.worker.records import Work
 
-__all__ = ["Known", "Repeats", "StoreFn"]
+__all__ = ["RECENT", "Known", "Repeats", "StoreFn"]
+
+#: Store writes remembered by key, to tell whether a key was stored since a work's
+#: first look (older work is looked up in the store again).
+RECENT = 8192
 
 #: Runs a dedupe write for the input with this token (into its partition's store).
 StoreFn = Callable[[Any, Callable[[], None]], None]
@@ -70,6 +78,9 @@ class Repeats:
         self._flight: SingleFlight[Work] = SingleFlight()
         # Computed results not yet durably stored: dedupe key -> (prediction, leader).
         self._settled: dict[str, tuple[Prediction, Work]] = {}
+        self._writes = 0  # store writes made here so far, numbered from 1
+        self._recent: OrderedDict[str, int] = OrderedDict()  # key -> its last write's number
+        self._forgotten = 0  # the last write number of the keys no longer remembered
 
     def recall(self, work: Work) -> Known | None:
         """What is known of ``work``'s key: a settled result, else a stored one (not
@@ -80,8 +91,18 @@ class Repeats:
             return Known(prediction=settled[0], leader=settled[1])
         if self.stored is None or work.stored_unusable:
             return None
+        if work.recalled_at >= 0 and not self._stored_since(key, work.recalled_at):
+            return None  # looked up before, and not stored here since
+        work.recalled_at = self._writes
         stored = self.stored.get(key)
         return None if stored is None else Known(stored=stored)
+
+    def _stored_since(self, key: str, writes: int) -> bool:
+        """Whether ``key`` may have been stored after the first ``writes`` writes."""
+        last = self._recent.get(key)
+        if last is not None:
+            return last > writes
+        return self._forgotten > writes  # a key forgotten since may be this one
 
     def lead(self, batch: list[Work], on_known: Callable[[Work, Known], None]) -> list[Work]:
         """The batch's leaders: one per key not computed or computing yet. Work whose
@@ -120,6 +141,11 @@ class Repeats:
             if self.stored is not None and leader.storable and leader.model is None:
                 stored, key = self.stored, leader.request.dedupe_key
                 self._in_partition(leader.incoming.token, lambda: stored.put(key, value))
+                self._writes += 1
+                self._recent[key] = self._writes
+                self._recent.move_to_end(key)
+                if len(self._recent) > RECENT:
+                    self._forgotten = self._recent.popitem(last=False)[1]
         finally:
             self.forget(leader)
 

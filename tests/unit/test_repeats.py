@@ -153,3 +153,53 @@ def test_without_a_store_only_memory_and_flights_dedupe() -> None:
     repeats.finish(leader, Prediction(embedding=[1.0]))
     repeats.remember(leader, b"result")
     assert repeats.recall(_work("a", 1)) is None
+
+
+class _Counting(dict[bytes, bytes]):
+    """A store's table that counts its reads."""
+
+    reads = 0
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+
+def _store(repeats: Repeats, key: str, offset: int) -> None:
+    leader = _work(key, offset)
+    _lead(repeats, [leader])
+    repeats.finish(leader, Prediction(embedding=[1.0]))
+    repeats.remember(leader, f"result of {key}".encode())
+
+
+def test_the_store_is_asked_again_only_for_a_key_stored_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.worker import repeats as module
+
+    monkeypatch.setattr(module, "RECENT", 2)
+    table = _Counting()
+    repeats = _repeats(table)
+    queued = _work("a", 0)
+    assert repeats.recall(queued) is None and table.reads == 1  # at intake: a miss
+    _store(repeats, "b", 1)  # another key stored meanwhile
+    reads = table.reads
+    assert _lead(repeats, [queued])[0] == [queued]
+    assert table.reads == reads, "the store was asked again though the key was not stored since"
+    repeats.finish(queued, None)
+
+    twin = _work("c", 2)
+    assert repeats.recall(twin) is None
+    _store(repeats, "c", 3)  # its twin is stored while it waits
+    reads = table.reads
+    leaders, known = _lead(repeats, [twin])
+    assert leaders == [] and known == [(twin, Known(stored=b"result of c"))]
+    assert table.reads == reads + 1
+
+    old = _work("d", 4)
+    assert repeats.recall(old) is None
+    for i, key in enumerate(("e", "f", "g")):  # more writes than are remembered
+        _store(repeats, key, 5 + i)
+    reads = table.reads
+    assert _lead(repeats, [old])[0] == [old]
+    assert table.reads == reads + 1, "writes were forgotten since: the store must be asked"
