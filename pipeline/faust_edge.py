@@ -16,6 +16,10 @@ made here, and nowhere else:
   to Faust's commit explicitly (:func:`add_gap`);
 - a record the reader passes over is dropped from Faust's unacked set, so a
   stopping worker does not wait for it (:func:`forget`);
+- the answered inputs are committed when a rebalance revokes their partitions
+  (:func:`install`): Faust's revoke drops every revoked partition's acked,
+  uncommitted offsets before its own commit runs, so the partitions' next
+  owners answered again everything acked since the last periodic commit;
 - offsets at a partition's end that hold no record are acked as if they did,
   so the group commits past them (:func:`pass_end`);
 - Faust's seek back to the committed offsets (after records it dropped in a
@@ -79,15 +83,27 @@ log = logging.getLogger(__name__)
 TESTED_FAUST = "0.15.3"
 
 #: Instance attributes of ``faust.transport.consumer.Consumer`` used here.
-_CONSUMER_STATE = ("_committed_offset", "_unacked_messages")
+_CONSUMER_STATE = ("_acked", "_committed_offset", "_unacked_messages")
 #: Methods of ``Consumer`` replaced or called here.
-_CONSUMER_METHODS = ("_add_gap", "ack", "getmany", "seek", "unacked")
+_CONSUMER_METHODS = (
+    "_add_gap",
+    "ack",
+    "commit",
+    "getmany",
+    "maybe_wait_for_commit_to_finish",
+    "on_partitions_revoked",
+    "seek",
+    "unacked",
+)
 #: Methods of the aiokafka driver's consumer thread replaced or called here.
 _THREAD_METHODS = ("_ensure_consumer", "call_thread", "seek_to_committed")
 
 # Looked up softly: a Faust without them must reach check()'s one-line refusal.
 _ORIGINAL_ADD_GAP: Any = getattr(Consumer, "_add_gap", None)
 _ORIGINAL_GETMANY: Any = getattr(Consumer, "getmany", None)
+_ORIGINAL_ON_PARTITIONS_REVOKED: Any = getattr(Consumer, "on_partitions_revoked", None)
+#: Commits at a revoke, at most: each takes the acks that arrived during the one before.
+_REVOKE_COMMIT_ROUNDS = 10
 
 
 def check(
@@ -149,6 +165,9 @@ def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> N
     topics' records (the table's changelog) go on to Faust's conductor and
     streams. The consumer thread's seek back to the committed offsets goes
     through :func:`seek_to_committed_or_start`, on that thread.
+
+    Revokes: ``Consumer.on_partitions_revoked`` first commits what was acked
+    on the revoked partitions (see :func:`_commit_then_revoke`).
     """
 
     async def getmany_lanes_aside(
@@ -168,6 +187,7 @@ def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> N
                 sink(lane_records)
 
     Consumer.getmany = getmany_lanes_aside  # type: ignore[method-assign]
+    Consumer.on_partitions_revoked = _commit_then_revoke  # type: ignore[method-assign]
 
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
@@ -179,6 +199,34 @@ def install(lane_topics: frozenset[str], sink: Callable[[list[Any]], None]) -> N
     AIOKafkaConsumerThread.seek_to_committed = (  # type: ignore[method-assign]
         seek_lanes_to_committed_or_start
     )
+
+
+async def _commit_then_revoke(self: Any, revoked: Any) -> None:
+    """Commit the revoked partitions' acked offsets, then revoke them as Faust does.
+
+    Faust's ``Consumer.on_partitions_revoked`` pops each revoked partition's acked
+    offsets (``_acked``) and only then runs the app's revoke, whose commit
+    (``wait_empty``) sees only the acks that arrive after the pop: everything acked
+    since the last periodic commit (``broker_commit_interval``) was answered again by
+    the partitions' next owners. Here it is committed first, while the partitions are
+    still this member's (aiokafka runs the revoke before JoinGroup, and the broker
+    takes the current generation's commit then), up to the last ack before the pop:
+    nothing awaits between the last commit here and the pop. Only released inputs
+    are acked, so this commits nothing the periodic commit would not have. A failed
+    commit costs repeats only: the revoke goes on.
+    """
+    try:
+        # An ack that arrives while a commit awaits the broker waits in _acked for the
+        # next one: commit again until none is left (or a commit makes no progress).
+        for _ in range(_REVOKE_COMMIT_ROUNDS):
+            await self.maybe_wait_for_commit_to_finish()  # else commit() only waits for it
+            if not await self.commit(revoked):
+                break
+            if not any(self._acked.get(tp) for tp in revoked):
+                break
+    except Exception as exc:  # the revoke must go on
+        log.warning("commit at the revoke failed (its inputs are read again): %r", exc)
+    await _ORIGINAL_ON_PARTITIONS_REVOKED(self, revoked)
 
 
 async def seek_to_committed_or_start(consumer: Any, lane_topics: frozenset[str]) -> Any:
