@@ -279,9 +279,11 @@ class CommitSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            at = time.time()
             with contextlib.suppress(Exception):  # a slow read is skipped, not fatal
-                self.samples.append((at, committed(*self._args, timeout_s=5.0)))
+                offsets = committed(*self._args, timeout_s=5.0)
+                # Stamped when the answer came: it may hold commits made while the read
+                # was under way, never later ones.
+                self.samples.append((time.time(), offsets))
             self._stop.wait(0.2)
 
     def __enter__(self) -> CommitSampler:
