@@ -46,7 +46,8 @@ class Compute:
     """Runs batches through the model and fans the results out (see the module's promise).
 
     ``spawn`` starts a task the worker tracks until it closes;
-    ``serve_stored`` answers work from a stored result (or requeues it).
+    ``answer_known`` answers work whose result is known: from the store at once (or
+    requeues it), or returns the result to publish with the batch's.
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class Compute:
         fallback_model: tuple[str, str] | None,
         clock_ms: Callable[[], int],
         spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]],
-        serve_stored: Callable[[Work, bytes], Awaitable[None]],
+        answer_known: Callable[[Work, Known], Answer | None],
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -76,7 +77,7 @@ class Compute:
         self.fallback_model = fallback_model
         self._clock_ms = clock_ms
         self._spawn = spawn
-        self._serve_stored = serve_stored
+        self._answer_known = answer_known
 
     async def run_batch(
         self, batch: list[Work], *, shape: tuple[int, int] | None = None
@@ -94,21 +95,18 @@ class Compute:
             work.queue_ms = float(now - work.arrived_ms)
             self.metrics.wait(work.request.lane, work.queue_ms / 1000)
         known: list[Answer] = []
-        leaders = self.repeats.lead(batch, lambda work, k: self._known(work, k, known))
+
+        def answer_known(work: Work, found: Known) -> None:
+            answer = self._answer_known(work, found)
+            if answer is not None:
+                known.append(answer)  # published with the batch's other results
+
+        leaders = self.repeats.lead(batch, answer_known)
         if known:
             self._spawn(self.answers.results(known))
         if leaders:
             return await self._compute(leaders, shape=shape)
         return None
-
-    def _known(self, work: Work, known: Known, answers: list[Answer]) -> None:
-        """Answer queued work whose result became known while it waited: from memory
-        (added to ``answers``, the batch's) or from the store."""
-        if known.prediction is not None and known.leader is not None:
-            work.served = "inflight"
-            answers.append((work, known.leader, known.prediction))
-        elif known.stored is not None:
-            self._spawn(self._serve_stored(work, known.stored))
 
     async def _compute(
         self, leaders: list[Work], *, retry: bool = False, shape: tuple[int, int] | None = None

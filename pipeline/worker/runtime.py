@@ -39,12 +39,12 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.publish import Publisher
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
-from pipeline.worker.answers import AckFn, Answers
+from pipeline.worker.answers import AckFn, Answer, Answers
 from pipeline.worker.compute import Compute
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
 from pipeline.worker.records import Incoming, Work
-from pipeline.worker.repeats import Repeats, StoreFn
+from pipeline.worker.repeats import Known, Repeats, StoreFn
 
 __all__ = ["Runtime", "wall_ms"]
 
@@ -124,7 +124,7 @@ class Runtime:
             fallback_model=fallback_model,
             clock_ms=clock_ms,
             spawn=self._spawn,
-            serve_stored=self._serve_stored,
+            answer_known=self._answer_known,
         )
         self._lane_deadline_ms = {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES}
         self._max_tokens = settings.model.max_length
@@ -187,12 +187,19 @@ class Runtime:
         known = self.repeats.recall(work)
         if known is None:
             self._offer(work)
-        elif known.stored is not None:
-            self._spawn(self._serve_stored(work, known.stored))
-        elif known.prediction is not None and known.leader is not None:
-            work.served = "inflight"  # computed here, not stored yet: from memory
-            self._spawn(self.answers.results([(work, known.leader, known.prediction)]))
+        elif (answer := self._answer_known(work, known)) is not None:
+            self._spawn(self.answers.results([answer]))
         return True
+
+    def _answer_known(self, work: Work, known: Known) -> Answer | None:
+        """Answer ``work`` from a stored result (a task of its own), or return the
+        result computed here and not yet stored, for the caller to publish."""
+        if known.prediction is not None and known.leader is not None:
+            work.served = "inflight"  # computed here, not stored yet: from memory
+            return (work, known.leader, known.prediction)
+        if known.stored is not None:
+            self._spawn(self._serve_stored(work, known.stored))
+        return None
 
     async def _serve_stored(self, work: Work, stored: bytes) -> None:
         if not await self.answers.from_store(work.incoming, work.request, stored):
