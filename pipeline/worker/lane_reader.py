@@ -43,6 +43,13 @@ log = logging.getLogger(__name__)
 CHUNK = 64
 
 
+def _accepted(tp: Any, hole: tuple[int, int]) -> tuple[int, int]:
+    """Log a hole accepted as offsets holding no record (one message, wherever it was
+    found: tests/kafka/test_offset_holes.py reads it); return it."""
+    log.warning("%s[%d]: offsets %d..%d do not exist (accepted as a gap)", tp[0], tp[1], *hole)
+    return hole
+
+
 @dataclass(frozen=True)
 class Consumer:
     """What the reader needs of the Kafka consumer."""
@@ -136,14 +143,7 @@ class LaneReader:
             )
             self._spawn(self._seek(tp, verdict.seek_to))
         if verdict.accepted_hole is not None:
-            low, high = verdict.accepted_hole
-            log.warning(
-                "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
-                record.topic,
-                record.partition,
-                low,
-                high,
-            )
+            low, high = _accepted(tp, verdict.accepted_hole)
             self._spawn(self._consumer.add_gap(tp, low, high))
         if not verdict.process:
             # Not answered here (a second copy, or buffered before a seek): Faust
@@ -194,14 +194,7 @@ class LaneReader:
                 )
                 self._spawn(self._seek(tp, verdict.seek_to))
             if verdict.accepted_hole is not None:
-                low, high = verdict.accepted_hole
-                log.warning(
-                    "%s[%d]: offsets %d..%d do not exist (accepted as a gap)",
-                    tp[0],
-                    tp[1],
-                    low,
-                    high,
-                )
+                low, high = _accepted(tp, verdict.accepted_hole)
                 self._consumer.pass_end(tp, low, high)
 
     async def _seek(self, tp: Any, offset: int) -> None:
