@@ -23,6 +23,14 @@ Two guards keep growth from ratcheting or oscillating: the budget grows only
 after a batch the budget actually cut (``saturated``), and only while the
 latency model predicts that a batch of the grown budget is still not slow.
 Every change stays within ``token_budget_min``..``token_budget_max``.
+
+A budget that slow batches shrank below its starting value (``token_budget``)
+grows back towards it after ``recover_batches`` saturated batches in a row that
+were not slow, whatever the utilisation. Without that a CPU, whose inference
+thread is busy whenever there is a backlog, never grows back: in a measured
+open-loop run at 80 % load, contention made a few batches slow and the budget
+went 614 → 251 tokens for good, the smaller batches' overhead cut throughput
+below the offered rate, and the queues grew for the rest of the run.
 """
 
 from __future__ import annotations
@@ -97,6 +105,7 @@ class Controller:
         )
         self.budget = settings.token_budget
         self.slow_streak = 0
+        self.fast_streak = 0  # saturated batches in a row that were not slow
         self.grows = 0
         self.shrinks = 0
         self.slow = 0
@@ -132,26 +141,28 @@ class Controller:
         slow = latency_ms > self.threshold_ms
         self.slow += slow
         self.slow_streak = self.slow_streak + 1 if slow else 0
+        self.fast_streak = self.fast_streak + 1 if saturated and not slow else 0
         idle = utilisation is not None and utilisation < s.low_utilisation
         if s.policy == "fixed":
             return self.budget
         if s.policy == "aimd":
             if slow:
                 return self._set(self.budget * s.aimd_decrease)
-            if saturated and (idle or utilisation is None):
-                return self._grow(self.budget + s.aimd_step)
+            if saturated:
+                return self._grow(self.budget + s.aimd_step, idle=idle or utilisation is None)
             return self.budget
         if self.slow_streak >= s.slow_batches:
             self.slow_streak = 0
             return self._set(self.budget * s.shrink_factor)
-        if not slow and saturated and idle:
-            return self._grow(self.budget * s.grow_factor)
+        if not slow and saturated:
+            return self._grow(self.budget * s.grow_factor, idle=idle)
         return self.budget
 
     def snapshot(self) -> dict[str, float]:
         """Gauges and counters of the controller, for metrics."""
         return {
             "budget": float(self.budget),
+            "fast_streak": float(self.fast_streak),
             "budget_grows": float(self.grows),
             "budget_shrinks": float(self.shrinks),
             "slow_batches": float(self.slow),
@@ -163,11 +174,19 @@ class Controller:
             "utilisation_last": -1.0 if self.last_utilisation is None else self.last_utilisation,
         }
 
-    def _grow(self, target: float) -> int:
+    def _grow(self, target: float, *, idle: bool) -> int:
+        """Grow to ``target`` when idle; else only back towards the starting budget
+        after ``recover_batches`` fast saturated batches (see the module's promise)."""
+        if not idle:
+            start = self.settings.token_budget
+            if self.budget >= start or self.fast_streak < self.settings.recover_batches:
+                return self.budget
+            target = min(target, start)
         # Never step into a budget the latency model already predicts to be slow:
         # that step would come straight back after the next slow streak.
         if self.model.predict_ms(int(target)) > self.threshold_ms:
             return self.budget
+        self.fast_streak = 0
         return self._set(target)
 
     def _set(self, target: float) -> int:

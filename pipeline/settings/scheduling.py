@@ -48,6 +48,11 @@ class SchedulerSettings:
         0.5, "a batch is slow when it takes longer than this fraction of the realtime deadline"
     )
     slow_batches: int = _field(3, "seed policy: consecutive slow batches before the budget shrinks")
+    recover_batches: int = _field(
+        20,
+        "saturated batches in a row, none slow, after which a budget shrunk below token_budget "
+        "grows back towards it whatever the utilisation",
+    )
     shrink_factor: float = _field(0.8, "seed policy: budget factor after slow batches")
     grow_factor: float = _field(1.2, "seed policy: budget factor at low device utilisation")
     low_utilisation: float = _field(0.6, "device utilisation (0..1) below which the budget grows")
@@ -72,8 +77,10 @@ class SchedulerSettings:
             problems.append("realtime_share must be in [0, 1)")
         if not 1 <= self.token_budget_min <= self.token_budget <= self.token_budget_max:
             problems.append("need 1 <= token_budget_min <= token_budget <= token_budget_max")
-        if self.max_items < 1 or self.queue_size < 1 or self.slow_batches < 1:
-            problems.append("max_items, queue_size and slow_batches must be at least 1")
+        if min(self.max_items, self.queue_size, self.slow_batches, self.recover_batches) < 1:
+            problems.append(
+                "max_items, queue_size, slow_batches and recover_batches must be at least 1"
+            )
         if not 0.0 <= self.resume_fraction < 1.0:
             problems.append("resume_fraction must be in [0, 1)")
         if self.policy not in {"seed", "aimd", "fixed"}:

@@ -211,6 +211,25 @@ def test_controller_grows_at_low_utilisation_within_bounds() -> None:
     assert c.budget == 128 and c.shrinks == 0
 
 
+@pytest.mark.parametrize("policy", ["seed", "aimd"])
+def test_a_shrunk_budget_recovers_at_high_utilisation_but_only_to_its_start(policy: str) -> None:
+    # A CPU's inference thread is busy whenever there is a backlog: utilisation alone
+    # would never let a budget that a few slow batches shrank grow back.
+    c = controller(policy=policy, latency_ms_per_token=0.1, recover_batches=5)
+    for _ in range(3):
+        c.observe(padded_tokens=c.budget, latency_ms=150.0, utilisation=0.95, saturated=True)
+    shrunk = c.budget
+    assert shrunk < 512
+    for _ in range(4):
+        c.observe(padded_tokens=shrunk, latency_ms=40.0, utilisation=0.95, saturated=True)
+    c.observe(padded_tokens=shrunk, latency_ms=40.0, utilisation=0.95, saturated=False)
+    assert c.budget == shrunk  # an unsaturated batch broke the streak
+    for _ in range(60):
+        c.observe(padded_tokens=c.budget, latency_ms=40.0, utilisation=0.95, saturated=True)
+    assert c.budget == 512  # back to the start, and no further while busy
+    assert c.snapshot()["budget_grows"] >= 1
+
+
 def test_aimd_policy_adds_and_halves() -> None:
     c = controller(policy="aimd", latency_ms_per_token=0.01)
     assert c.observe(padded_tokens=512, latency_ms=17.0, utilisation=0.3, saturated=True) == 640
