@@ -47,6 +47,11 @@ class SchedulerSettings:
     latency_threshold: float = _field(
         0.5, "a batch is slow when it takes longer than this fraction of the realtime deadline"
     )
+    flow_threshold: float = _field(
+        0.2,
+        "while realtime requests flow (one arrived in the last second), no batch is planned "
+        "longer than this fraction of the realtime deadline (latency_threshold otherwise)",
+    )
     slow_batches: int = _field(3, "seed policy: consecutive slow batches before the budget shrinks")
     recover_batches: int = _field(
         20,
@@ -87,6 +92,8 @@ class SchedulerSettings:
             problems.append(f"policy {self.policy!r}: expected seed, aimd or fixed")
         if not (0 < self.shrink_factor < 1 and self.grow_factor > 1 and 0 < self.aimd_decrease < 1):
             problems.append("need 0 < shrink_factor, aimd_decrease < 1 < grow_factor")
+        if min(self.latency_threshold, self.flow_threshold) <= 0:
+            problems.append("latency_threshold and flow_threshold must be positive")
         if not 0 < self.latency_alpha <= 1:
             problems.append("latency_alpha must be in (0, 1]")
         try:

@@ -23,9 +23,10 @@ from pipeline.scheduling import Controller
 
 
 #: The prior latency model (12 ms + 0.2 ms/token) predicts a full 512-token batch at
-#: 114 ms, past the 100 ms latency threshold that caps every batch: tests about
-#: shares and triggers raise the threshold so that the budget alone sizes batches.
-UNCAPPED: dict[str, Any] = {"latency_threshold": 1.0}
+#: 114 ms, past the 100 ms latency threshold that caps every batch (40 ms while
+#: realtime flows): tests about shares and triggers raise both thresholds so that
+#: the budget alone sizes batches.
+UNCAPPED: dict[str, Any] = {"latency_threshold": 1.0, "flow_threshold": 1.0}
 
 
 def test_realtime_keeps_its_reserved_share_against_aged_bulk() -> None:
@@ -129,6 +130,31 @@ def test_no_batch_is_planned_past_the_latency_threshold() -> None:
         sched.controller.model.observe(128, 20.0)
     plan = sched.next_batch(0)
     assert plan is not None and len(plan.items) == 16
+
+
+def test_while_realtime_flows_batches_stay_within_the_flow_threshold() -> None:
+    # A bulk backlog with realtime at 10/s beside it: each realtime request waits for
+    # the running batch, then runs in one, so both stay within 0.2 x 200 ms = 40 ms.
+    sched = scheduler()
+    for n in range(300):
+        sched.offer(item(n, "bulk", at=0))
+    plan = sched.next_batch(0)
+    assert plan is not None and 40 < plan.predicted_ms <= 100  # no realtime yet
+    sched.offer(item(1000, "realtime", at=50))
+    plan = sched.next_batch(50)
+    assert plan is not None and 1000 in [it.payload for it in plan.items]
+    assert plan.predicted_ms <= 40 and len(plan.items) > 1  # bulk fills the rest
+    for now in (200, 1050):  # realtime flowed 150 ms and 1 s ago: still capped
+        plan = sched.next_batch(now)
+        assert plan is not None and plan.predicted_ms <= 40, now
+    plan = sched.next_batch(1051)  # more than a second since: the latency threshold again
+    assert plan is not None and plan.predicted_ms > 40
+    relaxed = scheduler(flow_threshold=0.5)  # as high as latency_threshold: no cap of its own
+    for n in range(300):
+        relaxed.offer(item(n, "bulk", at=0))
+    relaxed.offer(item(1000, "realtime", at=0, deadline=1000))
+    plan = relaxed.next_batch(0)
+    assert plan is not None and 40 < plan.predicted_ms <= 100
 
 
 def test_a_realtime_burst_is_served_in_cut_batches_not_expired_wholesale() -> None:

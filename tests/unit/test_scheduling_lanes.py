@@ -12,7 +12,7 @@ from pipeline.settings import Settings
 
 
 def test_full_lanes_pause_with_hysteresis_realtime_last() -> None:
-    sched = scheduler(queue_size=4, resume_fraction=0.5)
+    sched = scheduler(queue_size=4, resume_fraction=0.5, flow_threshold=1.0)  # one batch
     for n in range(4):
         assert sched.offer(item(n, "bulk"))
     assert not sched.offer(item(9, "bulk")) and sched.full("bulk")
