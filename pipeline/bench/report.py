@@ -268,6 +268,10 @@ def markdown(report: dict[str, Any]) -> str:
     if workers > 1:
         lines += [f"Each worker mode ran {workers} worker processes side by side (one consumer "
                   "group); throughput is theirs together.", ""]  # fmt: skip
+    worker_env = (report.get("config") or {}).get("worker_env") or []
+    if worker_env:
+        lines += ["Every pipeline worker ran with " + ", ".join(f"`{k}={v}`" for k, v in worker_env)
+                  + " (--set).", ""]  # fmt: skip
     idle = _phase(report, "noop", "after-idle")
     if idle is not None and idle.get("latencies_ms"):
         lines += [f"After idle (noop, {idle['idle_s']:g} s of silence before each request), "

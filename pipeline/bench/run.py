@@ -82,6 +82,7 @@ class BenchConfig:
     backlog_max_s: float = 60.0  # the bound on that realtime stream, should the bulk not drain
     idle_requests: int = 10  # noop's after-idle phase; 0: none
     idle_s: float = 3.0  # the silence before a burst and before each after-idle request
+    worker_env: tuple[tuple[str, str], ...] = ()  # --set: PIPELINE_* for every pipeline worker
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
@@ -105,6 +106,7 @@ def _worker_mode(
         extra["PIPELINE_MODEL_DEVICE"] = config.device
     if settings.model.path:
         extra["PIPELINE_MODEL_PATH"] = settings.model.path
+    extra.update(config.worker_env)
     # The security variables go to the worker but not into the report (``extra``).
     env = {**extra, **security_env(settings)}
     dep = Deployment(
@@ -203,7 +205,7 @@ def _thread_sweep(
         setting = ThreadSetting(spec)
         say(f"threads {spec}: the model alone, batch {size}, serial and pipelined")
         raw = raw_threads(setting, texts, size=size, env=model_env)
-        env = {**model_env, **setting.env(), **security_env(settings)}
+        env = {**model_env, **dict(config.worker_env), **setting.env(), **security_env(settings)}
         dep = Deployment("adaptive", bootstrap=bootstrap, out=config.out, extra_env=env)
         workload = WorkloadSpec(n=config.requests, seed=config.seed, dup_rate=config.dup_rate)
         try:

@@ -49,6 +49,25 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     return loads
 
 
+def _sets(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    from pipeline.errors import ConfigurationError
+    from pipeline.settings import Settings
+
+    pairs = []
+    for item in value:
+        name, eq, raw = item.partition("=")
+        if not eq or not name.startswith("PIPELINE_"):
+            raise click.BadParameter(f"{item!r}: expected PIPELINE_NAME=VALUE")
+        try:
+            Settings.from_env({name: raw})
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc)) from None
+        pairs.append((name, raw))
+    return tuple(pairs)
+
+
 @click.command("bench")
 @bootstrap_option
 @click.option(
@@ -182,6 +201,15 @@ def _loads(_ctx: click.Context, _param: click.Parameter, value: str | None) -> t
     help="Seconds of silence before the burst, the backlog and each after-idle request "
     "[3; quick 1].",
 )
+@click.option(
+    "--set",
+    "worker_env",
+    multiple=True,
+    callback=_sets,
+    metavar="PIPELINE_NAME=VALUE",
+    help="A setting for every pipeline worker of the run (repeatable; after the mode's own, "
+    "recorded in bench.json), e.g. --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5.",
+)
 @keep_broker_option
 @click.pass_obj
 def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
@@ -207,6 +235,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     backlog_max_s: float | None,
     idle_requests: int | None,
     idle_s: float | None,
+    worker_env: tuple[tuple[str, str], ...],
     keep_broker: bool,
 ) -> None:
     """Benchmark the pipeline against its baselines on a real broker and worker.
@@ -233,6 +262,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
       pipeline bench --modes noop,faust-floor,floor --workers 2  # two workers per host
       pipeline bench --modes adaptive -n 100 --loads 0.8 --burst 0  # little but the backlog
+      pipeline bench --modes adaptive --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5  # A/B a setting
     """
     from pipeline.bench import run_bench, write_report
 
@@ -248,6 +278,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         "fixed_wait_ms": fixed_wait_ms,
         "threads": threads,
         "workers": workers,
+        "worker_env": worker_env,
     }
     if requests is not None:
         changes["requests"] = requests

@@ -32,12 +32,16 @@ def test_quick_bench_answers_everything_and_writes_the_report(
             kafka_bootstrap,
             "--out",
             str(out),
+            "--set",
+            "PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.3",
         ],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     assert set(report) >= {"config", "machine", "modes", "targets", "elapsed_s"}
+    for mode in ("noop", "adaptive"):  # --set reaches every pipeline worker, and the report
+        assert report["modes"][mode]["env"]["PIPELINE_SCHEDULER_FLOW_THRESHOLD"] == "0.3"
     assert set(report["modes"]) == {"noop", "adaptive", "faust-floor"}
     phases = {p["phase"] for p in report["modes"]["adaptive"]["phases"]}
     assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst", "backlog"}
@@ -60,6 +64,7 @@ def test_quick_bench_answers_everything_and_writes_the_report(
             assert set(p["latency_ms"]) == {"realtime", "standard", "bulk", "all"}
     table = (out / "bench.md").read_text()
     assert "| noop | saturate |" in table and "| target | measured |" in table
+    assert "ran with `PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.3` (--set)" in table
     assert "| adaptive | burst |" in table and "| noop | after-idle |" in table
     assert "| adaptive | backlog |" in table and "Backlog (adaptive): 100 bulk" in table
     for png in ("latency_vs_load.png", "adaptive_timeline.png"):

@@ -369,7 +369,24 @@ def test_help_lists_the_flags() -> None:
         "--backlog-max-s",
         "--idle-requests",
         "--idle-s",
+        "--set",
     ):
         assert flag in result.output
     bad = CliRunner().invoke(main, ["bench", "--modes", "turbo"])
     assert bad.exit_code != 0 and "turbo" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("PIPELINE_SCHEDULER_FLOW_THRESHHOLD=1", "did you mean PIPELINE_SCHEDULER_FLOW_THRESHOLD"),
+        ("PIPELINE_SCHEDULER_MAX_ITEMS=eight", "expected"),
+        ("SCHEDULER_MAX_ITEMS=8", "expected PIPELINE_NAME=VALUE"),
+        ("PIPELINE_SCHEDULER_MAX_ITEMS", "expected PIPELINE_NAME=VALUE"),
+    ],
+)
+def test_set_refuses_what_a_worker_would_refuse_before_starting_anything(
+    arg: str, says: str
+) -> None:
+    result = CliRunner().invoke(main, ["bench", "--set", arg])
+    assert result.exit_code == 2 and says in result.output, result.output
