@@ -9,17 +9,14 @@ family's name starts with :data:`PREFIX`; ``ops/grafana`` and
 
 :func:`start_metrics_server` serves ``/metrics`` with prometheus_client's own
 HTTP server on a daemon thread (:mod:`pipeline.metrics_server`, re-exported
-here); :class:`GaugeSampler` takes the periodic readings (queue depths,
-engine busy fraction, GPU) in one call that never raises, for a timer in the
-worker.
+here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -46,13 +43,10 @@ __all__ = [
     "FAMILIES",
     "LATENCY_BUCKETS",
     "PREFIX",
-    "GaugeSampler",
     "MetricsServer",
     "PipelineMetrics",
     "start_metrics_server",
 ]
-
-log = logging.getLogger(__name__)
 
 PREFIX = "pipeline_"
 
@@ -359,52 +353,3 @@ class PipelineMetrics:
         {"stage": "infer", "lane": "bulk"})``; ``None`` when absent."""
         result = self.registry.get_sample_value(name, dict(labels or {}))
         return None if result is None else float(result)
-
-
-class GaugeSampler:
-    """Takes the periodic readings into ``metrics``; :meth:`sample` never raises.
-
-    Each probe is optional: ``busy`` returns the engine's busy fraction,
-    ``device`` returns an object with ``utilization_pct``, ``memory_used_bytes``
-    and ``memory_total_bytes`` (``DeviceTelemetry.sample``) or ``None`` on a
-    CPU, ``depths`` returns ``{lane: queued requests}``, ``inflight`` the
-    requests not yet acknowledged.
-    """
-
-    def __init__(
-        self,
-        metrics: PipelineMetrics,
-        *,
-        busy: Callable[[], float] | None = None,
-        device: Callable[[], Any] | None = None,
-        depths: Callable[[], Mapping[str, int]] | None = None,
-        inflight: Callable[[], int] | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self._busy = busy
-        self._device = device
-        self._depths = depths
-        self._inflight = inflight
-        self.failures = 0
-
-    def sample(self) -> None:
-        m = self.metrics
-        try:
-            if self._busy is not None:
-                m.busy_fraction(self._busy())
-            if self._device is not None:
-                reading = self._device()
-                if reading is not None:
-                    m.device(
-                        float(reading.utilization_pct) / 100.0,
-                        int(reading.memory_used_bytes),
-                        int(reading.memory_total_bytes),
-                    )
-            if self._depths is not None:
-                for lane, n in self._depths().items():
-                    m.queue_depth(lane, n)
-            if self._inflight is not None:
-                m.inflight(self._inflight())
-        except Exception:
-            self.failures += 1
-            log.debug("metrics sampling failed", exc_info=True)

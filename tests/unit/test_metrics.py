@@ -15,10 +15,10 @@ from pipeline.metrics import (
     FAMILIES,
     LATENCY_BUCKETS,
     PREFIX,
-    GaugeSampler,
     PipelineMetrics,
     start_metrics_server,
 )
+from pipeline.sampling import GaugeSampler
 from pipeline.settings import MetricsSettings, Settings
 from pipeline.supervise import free_port
 
