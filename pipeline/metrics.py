@@ -9,7 +9,8 @@ family's name starts with :data:`PREFIX`; ``ops/grafana`` and
 
 :func:`start_metrics_server` serves ``/metrics`` with prometheus_client's own
 HTTP server on a daemon thread (:mod:`pipeline.metrics_server`, re-exported
-here).
+here). The families recorded for every request are lock-free
+(:mod:`pipeline.metrics_local`); a scrape still sees their current values.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from pipeline.metrics_local import LocalCounter, LocalFamilies, LocalHistogram
 from pipeline.metrics_server import MetricsServer, start_metrics_server
 from pipeline.settings import LANES
 
@@ -126,6 +128,10 @@ class PipelineMetrics:
 
     Known label values (lanes, stages, levels, ...) are created at zero up
     front, so ``rate()`` and alerts see a series before its first event.
+
+    The per-request methods (:meth:`arrived` to :meth:`wait`) take no lock:
+    call them from one thread (the worker's event loop calls them all). The
+    others, and reading the registry, are safe from any thread.
     """
 
     def __init__(
@@ -147,14 +153,27 @@ class PipelineMetrics:
         def histogram(name: str, buckets: Iterable[float], labels: Iterable[str] = ()) -> Histogram:
             return Histogram(name, h[name], list(labels), registry=r, buckets=tuple(buckets))
 
-        self._received = counter("pipeline_requests_received", ["lane"])
-        self._completed = counter("pipeline_requests_completed", ["lane", "served"])
-        self._dead = counter("pipeline_dead_letters", ["stage", "lane"])
-        self._expired = counter("pipeline_requests_expired", ["lane"])
-        self._missed = counter("pipeline_deadline_missed", ["lane"])
-        self._dedupe = counter("pipeline_dedupe_hits", ["level"])
-        self._latency = histogram("pipeline_request_latency_seconds", LATENCY_BUCKETS, ["lane"])
-        self._wait = histogram("pipeline_queue_wait_seconds", LATENCY_BUCKETS, ["lane"])
+        # Recorded for every request: lock-free families (see pipeline.metrics_local),
+        # written by the event loop alone, read by whoever collects the registry.
+        def local(name: str, labels: Iterable[str]) -> LocalCounter:
+            return LocalCounter(name, h[name], list(labels))
+
+        def local_histogram(name: str, labels: Iterable[str]) -> LocalHistogram:
+            return LocalHistogram(name, h[name], LATENCY_BUCKETS, list(labels))
+
+        self._received = local("pipeline_requests_received", ["lane"])
+        self._completed = local("pipeline_requests_completed", ["lane", "served"])
+        self._dead = local("pipeline_dead_letters", ["stage", "lane"])
+        self._expired = local("pipeline_requests_expired", ["lane"])
+        self._missed = local("pipeline_deadline_missed", ["lane"])
+        self._dedupe = local("pipeline_dedupe_hits", ["level"])
+        self._latency = local_histogram("pipeline_request_latency_seconds", ["lane"])
+        self._wait = local_histogram("pipeline_queue_wait_seconds", ["lane"])
+        LocalFamilies(
+            [self._received, self._completed, self._dead, self._expired, self._missed,
+             self._dedupe, self._latency, self._wait],
+            r,
+        )  # fmt: skip
         self._batches = counter("pipeline_batches", ["reason"])
         self._batch_size = histogram("pipeline_batch_size", BATCH_SIZE_BUCKETS)
         self._batch_tokens = histogram("pipeline_batch_padded_tokens", TOKEN_BUCKETS)
@@ -188,18 +207,18 @@ class PipelineMetrics:
     def _create_known_children(self) -> None:
         """Every known label value at zero, so a series exists before its first event."""
         for lane in LANES:
-            for child in (self._received, self._expired, self._missed):
-                child.labels(lane=lane)
+            for family in (self._received, self._expired, self._missed):
+                family.touch((lane,))
             for served in SERVED:
-                self._completed.labels(lane=lane, served=served)
+                self._completed.touch((lane, served))
             for stage in STAGES:
-                self._dead.labels(stage=stage, lane=lane)
-            self._latency.labels(lane=lane)
-            self._wait.labels(lane=lane)
+                self._dead.touch((stage, lane))
+            self._latency.touch((lane,))
+            self._wait.touch((lane,))
             self._depth.labels(lane=lane).set(0)
             self._paused.labels(lane=lane).set(0)
         for level in DEDUPE_LEVELS:
-            self._dedupe.labels(level=level)
+            self._dedupe.touch((level,))
         for reason in REASONS:
             self._batches.labels(reason=reason)
         for direction in ("grow", "shrink"):
@@ -219,7 +238,7 @@ class PipelineMetrics:
 
     def arrived(self, lane: str) -> None:
         """One record consumed from ``lane``'s topic (valid or not)."""
-        self._child(self._received, lane).inc()
+        self._received.inc((lane,))
 
     def completed(
         self, lane: str, served: str, latency_s: float | None = None, *, late: bool = False
@@ -231,36 +250,37 @@ class PipelineMetrics:
         is the request's age at publication (created to completed);
         ``late`` says it missed its deadline (counted by :meth:`deadline_missed`).
         """
-        self._child(self._completed, lane, served).inc()
+        self._completed.inc((lane, served))
         if served != "computed":
-            self._child(self._dedupe, served).inc()
+            self._dedupe.inc((served,))
         if latency_s is not None:
-            self._child(self._latency, lane).observe(max(0.0, latency_s))
+            # max(0.0, x) without its builtin call; NaN becomes 0.0 as there.
+            self._latency.observe((lane,), latency_s if latency_s > 0.0 else 0.0)
         if late:
             self.deadline_missed(lane)
 
     def dead_letter(self, stage: str, lane: str) -> None:
         """One dead letter published; stage ``expired`` also counts as expired."""
-        self._child(self._dead, stage, lane).inc()
+        self._dead.inc((stage, lane))
         if stage == "expired":
-            self._child(self._expired, lane).inc()
+            self._expired.inc((lane,))
 
     def expired(self, lane: str) -> None:
         """A request dropped because its deadline passed, when not counted by
         :meth:`dead_letter` (``stage="expired"`` counts it already)."""
-        self._expired.labels(lane=lane).inc()
+        self._expired.inc((lane,))
 
     def deadline_missed(self, lane: str) -> None:
         """A result published after its request's deadline (lanes that run late)."""
-        self._child(self._missed, lane).inc()
+        self._missed.inc((lane,))
 
     def dedupe_hit(self, level: str) -> None:
         """A request answered without the model, when not counted by :meth:`completed`."""
-        self._dedupe.labels(level=level).inc()
+        self._dedupe.inc((level,))
 
     def wait(self, lane: str, seconds: float) -> None:
         """How long one request waited between arrival and its batch's dispatch."""
-        self._child(self._wait, lane).observe(max(0.0, seconds))
+        self._wait.observe((lane,), seconds if seconds > 0.0 else 0.0)
 
     # -- batches ----------------------------------------------------------
 
