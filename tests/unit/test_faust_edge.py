@@ -132,6 +132,48 @@ def test_offsets_passed_at_a_partitions_end_let_faust_commit_past_them() -> None
     assert out == {"records": 5, "gap": None, "passed": 7}
 
 
+def test_a_seek_back_that_reads_a_stale_commit_does_not_stop_the_partitions_commits() -> None:
+    """The lookup of a seek back answers 29 while the commit of 32 lands: with Faust's
+    own ``perform_seek`` its committed offset falls back to 29, below the acks that
+    commit removed, and ``_new_offset`` refuses every later commit (None); with the
+    edge's, 32 stands and the next commit goes through."""
+    done = _python(
+        """
+        import asyncio, json
+        import faust
+        from faust.transport.consumer import Consumer
+        from faust.types.tuples import TP, ConsumerMessage as Message
+        from pipeline import faust_edge
+
+        def run(perform_seek):
+            app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
+            app.topics.acking_topics.add("lane")
+            consumer = app.consumer
+            tp = TP("lane", 0)
+            consumer._committed_offset[tp] = 29
+            for offset in (29, 30, 31):
+                consumer.ack(Message("lane", 0, offset, 0.0, 0, None, b"k", b"v", None, tp=tp))
+
+            async def stale_lookup():
+                # the commit of 32 lands while the lookup is under way
+                consumer._committed_offset[tp] = consumer._new_offset(tp)
+                return {tp: 29}
+
+            consumer.seek_to_committed = stale_lookup
+            asyncio.run(perform_seek(consumer))
+            for offset in (32, 33):
+                consumer.ack(Message("lane", 0, offset, 0.0, 0, None, b"k", b"v", None, tp=tp))
+            return [consumer._committed_offset[tp], consumer._new_offset(tp)]
+
+        out = {"faust": run(Consumer.perform_seek), "edge": run(faust_edge._seek_forward_only)}
+        print(json.dumps(out))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"faust": [29, None], "edge": [32, 34]}
+
+
 def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
     """Faust's own ``Consumer.getmany`` runs (flow control, generation, active partitions,
     its round robin over partitions); the lane records of one fetch reach the sink in
