@@ -31,9 +31,9 @@ No batch is planned past the controller's latency threshold, and while
 realtime flows (a realtime request arrived within ``FLOW_MS``) past
 ``flow_threshold`` of the realtime deadline: a realtime request waits for the
 batch running when it arrives, then runs in a batch of its own, so the two
-bound its time in the worker (measured with realtime at 10/s beside a
-1,500-request bulk backlog: batches filled up to the realtime deadline put
-realtime's p99 at 205-270 ms).
+bound its time in the worker (docs/design.md, "Realtime beside bulk": with
+realtime at 10/s beside a 1,500-request bulk backlog, batches filled up to the
+realtime deadline put realtime's p99 at 205-270 ms).
 
 A decision looks at the first ``LOOKAHEAD_BATCHES * max_items`` requests of
 each lane in deadline order, not at whole queues: with hundreds queued per
