@@ -19,13 +19,12 @@ next pass.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pipeline import faust_edge
 from pipeline.metrics import PipelineMetrics
 
-__all__ = ["DeviceReading", "GaugeSampler", "Telemetry", "sample_once"]
+__all__ = ["DeviceReading", "Telemetry", "sample_once"]
 
 log = logging.getLogger(__name__)
 
@@ -79,52 +78,3 @@ def sample_once(metrics: PipelineMetrics, telemetry: Telemetry | None, consumer:
                 metrics.consumer_lag(tp.topic, tp.partition, max(0, highwater - committed))
         except Exception:
             log.debug("consumer lag of %s failed", tp, exc_info=True)
-
-
-class GaugeSampler:
-    """Takes the periodic readings into ``metrics``; :meth:`sample` never raises.
-
-    Each probe is optional: ``busy`` returns the engine's busy fraction,
-    ``device`` returns an object with ``utilization_pct``, ``memory_used_bytes``
-    and ``memory_total_bytes`` (``DeviceTelemetry.sample``) or ``None`` on a
-    CPU, ``depths`` returns ``{lane: queued requests}``, ``inflight`` the
-    requests not yet acknowledged.
-    """
-
-    def __init__(
-        self,
-        metrics: PipelineMetrics,
-        *,
-        busy: Callable[[], float] | None = None,
-        device: Callable[[], Any] | None = None,
-        depths: Callable[[], Mapping[str, int]] | None = None,
-        inflight: Callable[[], int] | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self._busy = busy
-        self._device = device
-        self._depths = depths
-        self._inflight = inflight
-        self.failures = 0
-
-    def sample(self) -> None:
-        m = self.metrics
-        try:
-            if self._busy is not None:
-                m.busy_fraction(self._busy())
-            if self._device is not None:
-                reading = self._device()
-                if reading is not None:
-                    m.device(
-                        float(reading.utilization_pct) / 100.0,
-                        int(reading.memory_used_bytes),
-                        int(reading.memory_total_bytes),
-                    )
-            if self._depths is not None:
-                for lane, n in self._depths().items():
-                    m.queue_depth(lane, n)
-            if self._inflight is not None:
-                m.inflight(self._inflight())
-        except Exception:
-            self.failures += 1
-            log.debug("metrics sampling failed", exc_info=True)

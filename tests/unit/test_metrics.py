@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import urllib.request
-from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,7 +17,6 @@ from pipeline.metrics import (
     PipelineMetrics,
     start_metrics_server,
 )
-from pipeline.sampling import GaugeSampler
 from pipeline.settings import MetricsSettings, Settings
 from pipeline.supervise import free_port
 
@@ -140,42 +138,6 @@ def test_two_facades_do_not_share_a_registry() -> None:
     a, b = PipelineMetrics(), PipelineMetrics()
     a.arrived("bulk")
     assert b.value("pipeline_requests_received_total", {"lane": "bulk"}) == 0
-
-
-@dataclass
-class _Reading:
-    utilization_pct: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-
-
-def test_gauge_sampler_reads_every_probe() -> None:
-    m = PipelineMetrics(process_collectors=False)
-    GaugeSampler(
-        m,
-        busy=lambda: 0.5,
-        device=lambda: _Reading(64.0, 10, 100),
-        depths=lambda: {"realtime": 3, "bulk": 9},
-        inflight=lambda: 12,
-    ).sample()
-    assert m.value("pipeline_engine_busy_ratio") == 0.5
-    assert m.value("pipeline_device_utilisation_ratio") == pytest.approx(0.64)
-    assert m.value("pipeline_device_memory_used_bytes") == 10
-    assert m.value("pipeline_queue_depth", {"lane": "bulk"}) == 9
-    assert m.value("pipeline_inflight_requests") == 12
-
-
-def test_gauge_sampler_never_raises_and_skips_a_cpu_device() -> None:
-    m = PipelineMetrics(process_collectors=False)
-
-    def broken() -> float:
-        raise RuntimeError("probe failed")
-
-    sampler = GaugeSampler(m, busy=broken, device=lambda: None)
-    sampler.sample()
-    assert sampler.failures == 1
-    GaugeSampler(m, device=lambda: None).sample()
-    assert m.value("pipeline_device_utilisation_ratio") == 0
 
 
 def test_metrics_settings_defaults_and_env() -> None:
