@@ -8,9 +8,6 @@ consumer, its lag, highwater minus the committed offset, goes to
 ``ops/``). A partition without a committed offset (nothing committed yet) or
 without a highwater (nothing fetched yet) is left as it is.
 
-:class:`GaugeSampler` takes other periodic readings (engine busy fraction,
-device, queue depths, inputs in flight) from probes it is given, in one call.
-
 Telemetry must never hurt the worker: a pass never raises. A failed reading is
 logged at debug level and skipped; it stops neither the other readings nor the
 next pass.
