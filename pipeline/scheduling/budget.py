@@ -15,9 +15,11 @@ Assembly order, each step in earliest-deadline-first order within a lane:
    first one always gets in (so aging wins even when the budget is shrunk)
    and anchors the batch's length; requests already past their bound
    (``LATE``) ride along by length affinity (below). While
-   realtime work is pending they get at most ``1 - realtime_share`` of the
-   batch (items and padded tokens, counted at the sequence length realtime
-   would pad to, and always at least one realtime row);
+   realtime work is pending they leave room for it (items and padded tokens,
+   counted at the sequence length realtime would pad to): the room the
+   pending realtime requests need, at least ``realtime_share`` of the batch
+   and one row, at most ``1 - realtime_share`` of it (or ``realtime_share``,
+   if larger), so each side keeps a share when both flood;
 2. realtime, any length;
 3. overdue requests again, in the room realtime left unused;
 4. standard, then bulk, by length affinity to the batch's (or the first
@@ -183,7 +185,16 @@ def assemble(
         key=lambda e: (-urgency[id(e)], e),
     )
     reserve = bool(realtime) and realtime_share > 0
-    items_cap = max_items - max(1, math.ceil(realtime_share * max_items)) if reserve else max_items
+    items_cap, rt_rows, rt_bucket = max_items, 0, -1
+    if reserve:
+        # Realtime's room: what its pending requests need, within [share, 1 - share]. A
+        # fixed share alone left a second realtime request (a batch of ~200 tokens while
+        # realtime flows has one 25 % row) to wait a whole batch behind aged requests.
+        share_rows = max(1, math.ceil(realtime_share * max_items))
+        rt_rows = min(len(realtime), max(share_rows, max_items - share_rows))
+        items_cap = max_items - max(rt_rows, share_rows)
+        rt_bucket = max(e.bucket for e in realtime[:rt_rows])
+    share_tokens = int(realtime_share * budget)
     anchor = late[0].bucket if late else -1
 
     def joins(e: Entry[T]) -> bool:
@@ -196,8 +207,9 @@ def assemble(
             if not draft.full and draft.fits(e) and joins(e):
                 draft.add(e)
         else:
-            seq = shapes.seq_len(max(draft.index, e.bucket, realtime[0].bucket))
-            tokens_cap = budget - max(int(realtime_share * budget), seq)
+            seq = shapes.seq_len(max(draft.index, e.bucket, rt_bucket))
+            room = min(rt_rows * seq, max(share_tokens, budget - share_tokens))
+            tokens_cap = budget - max(share_tokens, seq, room)
             rows = len(draft) + 1
             if rows <= items_cap and rows * seq <= tokens_cap and joins(e):
                 draft.add(e)

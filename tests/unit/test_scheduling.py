@@ -42,6 +42,30 @@ def test_realtime_keeps_its_reserved_share_against_aged_bulk() -> None:
     assert lanes_of(plan).count("bulk") > 0
 
 
+def test_aged_requests_leave_room_for_every_pending_realtime_request() -> None:
+    # While realtime flows a batch is cut to ~140 tokens (40 ms by the prior model):
+    # four 32-token rows. A fixed 25 % share gave realtime one of them, and the second
+    # realtime request waited a whole batch behind aged standard requests.
+    sched = scheduler()
+    for n in range(20):
+        sched.offer(item(n, "standard", at=0))
+    for n in (100, 101):
+        sched.offer(item(n, "realtime", at=1190))
+    plan = sched.next_batch(1200)  # standard is aged (1 s), two realtime pending
+    assert plan is not None and plan.reason == "aged"
+    assert lanes_of(plan).count("realtime") == 2
+    assert lanes_of(plan).count("standard") >= 1  # aging still gets its row
+    # A flood of realtime still leaves aged requests their share.
+    sched = scheduler(**UNCAPPED)
+    for n in range(200):
+        sched.offer(item(n, "bulk", at=0))
+    for n in range(200, 260):
+        sched.offer(item(n, "realtime", at=5990))
+    plan = sched.next_batch(6000)
+    assert plan is not None
+    assert lanes_of(plan).count("bulk") >= 0.25 * len(plan.items)
+
+
 def test_unused_reserved_room_goes_to_the_others() -> None:
     sched = scheduler(**UNCAPPED)
     for n in range(40):
