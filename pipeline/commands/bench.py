@@ -152,7 +152,8 @@ def _sets(
     default=None,
     callback=_threads,
     help="Thread-budget sweep after the modes, e.g. 1,2 or 1:1,2:0,1:1:-1 (T torch threads, "
-    "K tokenizer threads, H hand-over ms; <0: no overlap): per setting the model alone, "
+    "K tokenizer threads, H hand-over ms on a GPU; <0: no overlap; a CPU worker never overlaps): "
+    "per setting the model alone, "
     "serial and pipelined, and an adaptive worker's saturation phase.",
 )
 @click.option(

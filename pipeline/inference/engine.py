@@ -226,6 +226,14 @@ class InferenceEngine:
         """Moving average of the tokenizer stage's time per batch; ``None`` before the first."""
         return self._tokenize_ms
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether preparing the next batch while one runs pays: on a GPU, which computes
+        while the CPU tokenises and copies. On a CPU both stages share the cores (no gain
+        beyond noise, README "Pipelining and threads"), and a realtime request arriving
+        meanwhile would wait behind the batch formed early as well as the running one."""
+        return str(getattr(self.model, "device", "cpu")).startswith("cuda")
+
     def stats(self) -> EngineStats:
         """Batches, items, failed items and model calls so far."""
         return EngineStats(self._batches, self._items, self._failures, self._calls)

@@ -72,8 +72,9 @@ class SchedulerSettings:
     latency_alpha: float = _field(0.2, "weight of the newest batch in the latency model (EWMA)")
     handover_ms: float = _field(
         3.0,
-        "the next batch is formed when the running one is predicted to end within this plus the "
-        "engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after it ended",
+        "on a GPU, the next batch is formed when the running one is predicted to end within this "
+        "plus the engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after "
+        "it ended. On a CPU batches run one at a time",
     )
 
     def __post_init__(self) -> None:

@@ -132,8 +132,9 @@ class Runtime:
         # A batch is formed at the last moment (late realtime requests get in and
         # the deadline predictions stay true): with a hand-over lead, when the
         # running one is predicted to end within it, so the engine tokenises the
-        # next meanwhile (two in the engine at most); without, after it ended.
-        overlap = settings.scheduler.handover_ms >= 0
+        # next meanwhile (two in the engine at most); without, or where the engine
+        # gains nothing from it (a CPU), after it ended.
+        overlap = settings.scheduler.handover_ms >= 0 and engine.overlaps
         self._batch_slots = asyncio.Semaphore(2 if overlap else 1)
         self._inflight_ms: dict[int, float] = {}  # predicted run time per batch in the engine
         self._engine_free_ms = 0.0  # when the engine is predicted to have run them all

@@ -36,6 +36,8 @@ class LengthEngine:
     def tokenize_ms(self) -> float | None:
         return None
 
+    overlaps = True  # two batches in the engine at once, as on a GPU
+
 
 class InstantBroker:
     """Stands in for the answer producer (not the code under test): every send is

@@ -51,6 +51,8 @@ class _Model:
     def tokenize_ms(self) -> float | None:
         return None
 
+    overlaps = True  # two batches in the engine at once, as on a GPU
+
 
 class _Rig:
     """One runtime over a dict store; a fake clock that stands still unless moved."""

@@ -292,9 +292,10 @@ def test_thread_budget_defaults_and_choices(monkeypatch: pytest.MonkeyPatch) -> 
 class HeldEngine:
     """An engine whose every batch runs until the test releases it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, overlaps: bool = True) -> None:
         self.batches: list[list[str]] = []
         self.gates: list[asyncio.Event] = []
+        self.overlaps = overlaps  # as on a GPU unless told
 
     async def run(
         self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
@@ -327,7 +328,7 @@ async def _idle_turns() -> None:
         await asyncio.sleep(0.005)
 
 
-async def _handover(handover_ms: float, late_ms: int) -> tuple[int, int]:
+async def _handover(handover_ms: float, late_ms: int, *, overlaps: bool = True) -> tuple[int, int]:
     """Batch 1 is predicted to take 100 ms; batch 2 waits, full, in the scheduler.
 
     Returns how many batches the engine had at fake times 80 ms and ``late_ms``,
@@ -351,7 +352,7 @@ async def _handover(handover_ms: float, late_ms: int) -> tuple[int, int]:
             "PIPELINE_SCHEDULER_HANDOVER_MS": str(handover_ms),
         }
     )
-    engine = HeldEngine()
+    engine = HeldEngine(overlaps=overlaps)
     runtime = Runtime(
         s,
         engine=engine,  # type: ignore[arg-type]
@@ -398,3 +399,8 @@ def test_next_batch_is_handed_over_within_the_lead_not_earlier() -> None:
 
 def test_negative_handover_forms_the_next_batch_only_after_the_running_one() -> None:
     assert asyncio.run(_handover(-1.0, late_ms=10_000)) == (1, 1)
+
+
+def test_an_engine_that_gains_nothing_from_overlap_runs_one_batch_at_a_time() -> None:
+    # A CPU engine: the same lead as above, but batch 2 waits for batch 1 to end.
+    assert asyncio.run(_handover(10.0, late_ms=90, overlaps=False)) == (1, 1)
