@@ -248,6 +248,14 @@ def test_engine_pads_through_to_the_real_model(tiny_dir: Path) -> None:
     assert all(o.ok for o in result.outcomes) and result.padded_tokens == 4 * 16
 
 
+def test_only_an_engine_on_a_gpu_overlaps_batches(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir)))
+    assert isinstance(model, Model)
+    assert InferenceEngine(model).overlaps is False  # this machine's CPU
+    model.device = torch.device("cuda", 0)  # what the runtime asks; nothing runs there
+    assert InferenceEngine(model).overlaps is True
+
+
 # -- settings and the thread budget ------------------------------------------
 
 
