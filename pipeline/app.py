@@ -111,7 +111,9 @@ def create_app(settings: Settings) -> faust.App:
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
-    faust_edge.install(lane_names, holder.buffer.put)
+    faust_edge.install(
+        lane_names, holder.buffer.put, fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms
+    )
 
     return app
 

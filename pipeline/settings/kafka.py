@@ -15,6 +15,18 @@ class KafkaSettings:
 
     bootstrap_servers: str = _field("127.0.0.1:9092", "Kafka bootstrap servers, host:port[,...]")
     client_id: str = _field("inference-pipeline", "client.id sent to the brokers")
+    fetch_max_wait_ms: int = _field(
+        100,
+        "worker: longest the broker holds a fetch that found no new record; a lane partition "
+        "paused while its lane was full is fetched again at most about this long after it "
+        "resumes (Faust's own: 1500)",
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.fetch_max_wait_ms <= 60_000:
+            raise ConfigurationError(
+                f"PIPELINE_KAFKA_FETCH_MAX_WAIT_MS={self.fetch_max_wait_ms}: expected 0..60000 ms"
+            )
 
 
 class Secret:

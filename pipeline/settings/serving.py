@@ -106,8 +106,9 @@ class BatchSettings:
     )
     stream_buffer: int = _field(
         1024,
-        "per lane: fetched records buffered ahead of intake (with at most max_inflight_bytes "
-        "bytes); a full lane's partitions are not fetched until it is down to half",
+        "per lane: fetched records buffered ahead of intake (with at most "
+        "`PIPELINE_BATCH_MAX_INFLIGHT_BYTES` bytes); a full lane's partitions are not fetched "
+        "until it is down to half",
     )
 
 

@@ -81,7 +81,7 @@ def test_a_released_lane_offset_is_acked_to_faust() -> None:
         from faust.types.tuples import TP, ConsumerMessage as Message
         from pipeline import faust_edge
 
-        faust_edge.install(frozenset({"lane"}), lambda records: None)
+        faust_edge.install(frozenset({"lane"}), lambda records: None, fetch_max_wait_ms=100)
         app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
         app.topics.acking_topics.add("lane")  # as the subscribed lane topic makes it
         consumer = app.consumer
@@ -188,7 +188,9 @@ def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
         from pipeline import faust_edge
 
         calls = []
-        faust_edge.install(frozenset({"lane"}), lambda records: calls.append(records))
+        faust_edge.install(
+            frozenset({"lane"}), lambda records: calls.append(records), fetch_max_wait_ms=100
+        )
         app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
         consumer = app.consumer
 
@@ -251,7 +253,7 @@ def test_the_seek_back_to_committed_offsets_rewinds_uncommitted_lane_partitions(
         from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
         from pipeline import faust_edge
 
-        faust_edge.install(frozenset({"lane"}), lambda records: None)
+        faust_edge.install(frozenset({"lane"}), lambda records: None, fetch_max_wait_ms=100)
         committed = {
             TP("lane", 0): None, TP("lane", 1): 4, TP("lane", 2): 0, TP("lane", 3): None,
             TP("other", 0): None,
@@ -305,7 +307,66 @@ def test_a_consumer_thread_without_the_seek_back_is_named() -> None:
     text = str(err.value)
     assert "AIOKafkaConsumerThread.seek_to_committed" in text
     assert "AIOKafkaConsumerThread._ensure_consumer" in text
+    assert "AIOKafkaConsumerThread._create_worker_consumer" in text
     assert "AIOKafkaConsumerThread.call_thread" not in text
+
+
+def test_a_full_lanes_partition_is_paused_in_aiokafka_itself_until_resumed() -> None:
+    """pause_fetch pauses the partition in aiokafka's own consumer, on the consumer
+    thread's loop (Faust's flow control left aiokafka fetching it, and a getmany asked
+    before the resume waited up to 1 s with the old partitions); resume_fetch undoes
+    it, whichever TP type it is given; a partition revoked meanwhile is let be."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+    from faust.types import TP
+
+    async def scenario() -> list[set[TopicPartition]]:
+        aio = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+        aio.assign([TopicPartition("lane", 0), TopicPartition("lane", 1)])
+        loop = asyncio.get_running_loop()
+        thread = SimpleNamespace(_ensure_consumer=lambda: aio, thread_loop=loop)
+        consumer = SimpleNamespace(_thread=thread)
+        seen = []
+        faust_edge.pause_fetch(consumer, TP("lane", 1))
+        seen.append(aio.paused())  # made on the thread's loop, not at once
+        await asyncio.sleep(0.01)
+        seen.append(aio.paused())
+        faust_edge.resume_fetch(consumer, TopicPartition("lane", 1))
+        await asyncio.sleep(0.01)
+        seen.append(aio.paused())
+        faust_edge.pause_fetch(consumer, TP("lane", 0))
+        aio.assign([TopicPartition("lane", 1)])  # revoked before the pause is made
+        await asyncio.sleep(0.01)
+        seen.append(aio.paused())
+        await aio.stop()
+        return seen
+
+    assert asyncio.run(scenario()) == [set(), {TopicPartition("lane", 1)}, set(), set()]
+
+
+def test_the_workers_consumer_waits_in_a_fetch_as_long_as_the_setting_says() -> None:
+    done = _python(
+        """
+        import asyncio
+        import faust
+        from pipeline import faust_edge
+
+        faust_edge.install(frozenset({"lane"}), lambda records: None, fetch_max_wait_ms=123)
+        app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
+
+        async def main():
+            thread = app.consumer._thread
+            consumer = thread._create_worker_consumer(app.transport)
+            print(consumer._fetch_max_wait_ms)
+
+        asyncio.run(main())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["123"]
 
 
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:

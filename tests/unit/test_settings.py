@@ -32,6 +32,8 @@ def test_typos_and_bad_values_are_clear_errors() -> None:
         Settings.from_env({"PIPELINE_SCHEDULER_MAX_ITEMS": "eight"})
     with pytest.raises(ConfigurationError, match="unknown lane"):
         Settings.from_env({}).topics.lane_topic("urgent")
+    with pytest.raises(ConfigurationError, match="PIPELINE_KAFKA_FETCH_MAX_WAIT_MS=-1"):
+        Settings.from_env({"PIPELINE_KAFKA_FETCH_MAX_WAIT_MS": "-1"})
 
 
 def test_model_id_and_lane_expiry() -> None:
