@@ -65,6 +65,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 from faust.transport.consumer import Consumer, ThreadDelegateConsumer
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 from mode.threads import ServiceThread
 
@@ -84,6 +85,7 @@ __all__ = [
     "releaser",
     "resume_fetch",
     "seek_to_committed_or_start",
+    "set_fetch_max_wait",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,9 @@ _INSTANCE_STATE = (
 _ORIGINAL_ADD_GAP: Any = getattr(Consumer, "_add_gap", None)
 _ORIGINAL_GETMANY: Any = getattr(Consumer, "getmany", None)
 _ORIGINAL_ON_PARTITIONS_REVOKED: Any = getattr(Consumer, "on_partitions_revoked", None)
+_ORIGINAL_CREATE_WORKER_CONSUMER: Any = getattr(
+    AIOKafkaConsumerThread, "_create_worker_consumer", None
+)
 #: Commits at a revoke, at most: each takes the acks that arrived during the one before.
 _REVOKE_COMMIT_ROUNDS = 10
 
@@ -142,8 +147,6 @@ def check(
 
         store = Store
     if thread is None:
-        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
         thread = AIOKafkaConsumerThread
     found = version if version is not None else importlib.metadata.version("faust-streaming")
     if found != TESTED_FAUST:
@@ -196,10 +199,7 @@ def install(
     streams. The consumer thread's seek back to the committed offsets goes
     through :func:`seek_to_committed_or_start`, on that thread.
 
-    Fetches: the worker's aiokafka consumer is made with ``fetch_max_wait_ms``
-    (Faust hard-codes 1500), the longest a fetch of partitions with no new record
-    waits at the broker, and so the longest a partition resumed meanwhile waits for
-    its next fetch (aiokafka sends one fetch at a time to a broker).
+    Fetches: see :func:`set_fetch_max_wait`.
 
     Revokes: ``Consumer.on_partitions_revoked`` first commits what was acked
     on the revoked partitions (see :func:`_commit_then_revoke`). Seeks back:
@@ -227,8 +227,6 @@ def install(
     Consumer.on_partitions_revoked = _commit_then_revoke  # type: ignore[method-assign]
     Consumer.perform_seek = _seek_forward_only  # type: ignore[method-assign]
 
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
     async def seek_lanes_to_committed_or_start(self: Any) -> Any:
         return await self.call_thread(
             seek_to_committed_or_start, self._ensure_consumer(), lane_topics
@@ -237,16 +235,30 @@ def install(
     AIOKafkaConsumerThread.seek_to_committed = (  # type: ignore[method-assign]
         seek_lanes_to_committed_or_start
     )
+    set_fetch_max_wait(fetch_max_wait_ms)
 
-    create_worker_consumer = AIOKafkaConsumerThread._create_worker_consumer
 
-    def create_with_short_fetch_wait(self: Any, transport: Any) -> Any:
-        consumer = create_worker_consumer(self, transport)
+def set_fetch_max_wait(fetch_max_wait_ms: int) -> None:
+    """Make every Faust worker consumer made from now on wait at most
+    ``fetch_max_wait_ms`` in a fetch (Faust hard-codes 1500).
+
+    aiokafka sends one fetch at a time to a broker, and leaves out of it the
+    partitions whose last fetched records were not yet taken. A fetch sent then
+    covers only partitions with nothing new and waits at the broker for this long,
+    while the left-out partitions' next records wait behind it; so does a
+    partition resumed while a fetch is under way. With 1500, a bare Faust agent
+    draining a burst of 10,000 stood idle about 1.4 s in half the runs (4,600 against
+    13,000 events/s).
+    """
+    create = _ORIGINAL_CREATE_WORKER_CONSUMER
+
+    def create_with_fetch_wait(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
         consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read when start() makes its fetcher
         return consumer
 
     AIOKafkaConsumerThread._create_worker_consumer = (  # type: ignore[method-assign]
-        create_with_short_fetch_wait
+        create_with_fetch_wait
     )
 
 

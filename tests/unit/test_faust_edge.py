@@ -348,25 +348,33 @@ def test_a_full_lanes_partition_is_paused_in_aiokafka_itself_until_resumed() -> 
 
 
 def test_the_workers_consumer_waits_in_a_fetch_as_long_as_the_setting_says() -> None:
+    """The worker's consumer and the bench's bare Faust agent's (which must pay the
+    same fetch path) wait PIPELINE_KAFKA_FETCH_MAX_WAIT_MS, not Faust's 1500."""
     done = _python(
         """
         import asyncio
         import faust
         from pipeline import faust_edge
+        from pipeline.settings import Settings
 
         faust_edge.install(frozenset({"lane"}), lambda records: None, fetch_max_wait_ms=123)
         app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
 
+        def fetch_wait(app):
+            return app.consumer._thread._create_worker_consumer(app.transport)._fetch_max_wait_ms
+
         async def main():
-            thread = app.consumer._thread
-            consumer = thread._create_worker_consumer(app.transport)
-            print(consumer._fetch_max_wait_ms)
+            print(fetch_wait(app))
+            from pipeline.bench.faust_floor import create_floor_app
+
+            env = {"PIPELINE_KAFKA_FETCH_MAX_WAIT_MS": "77", "PIPELINE_WORKER_APP_ID": "floor"}
+            print(fetch_wait(create_floor_app(Settings.from_env(env))))
 
         asyncio.run(main())
         """
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["123"]
+    assert done.stdout.split() == ["123", "77"]
 
 
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:
