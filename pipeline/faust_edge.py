@@ -31,8 +31,10 @@ made here, and nowhere else:
 - the consumer's committed offsets, for the lag metric (:func:`committed`);
 - a full lane's partitions are paused in aiokafka itself (:func:`pause_fetch`),
   and the worker's consumer waits at most ``PIPELINE_KAFKA_FETCH_MAX_WAIT_MS``
-  in a fetch (:func:`install`): Faust's own flow control left a resumed
-  partition unread for up to a second (see :func:`pause_fetch`);
+  in a fetch (:func:`set_fetch_max_wait`): Faust's own flow control left a
+  resumed partition unread for up to a second (see :func:`pause_fetch`), and
+  its 1.5 s fetch wait stood a consumer idle behind a fetch of partitions with
+  nothing new;
 - the dedupe table is written into its local store directly and its changelog
   records go out through the worker's librdkafka producer
   (:class:`ChangelogStore`): through Faust's table API each write is one
@@ -396,9 +398,9 @@ def pause_fetch(consumer: Any, tp: Any) -> None:
     the partitions its ``getmany`` asks aiokafka for, while aiokafka goes on
     fetching ``tp``. A ``getmany`` asked before a resume waited with the old set of
     partitions, up to its 1 s timeout, while the resumed partition's records lay
-    fetched: a noop worker draining a burst of 10,000 stood idle twice for 0.6-0.8 s
-    and answered 4,000-5,700 events/s; paused in aiokafka, 7,900-8,600/s
-    (docs/design.md, "Intake in batches")."""
+    fetched: a noop worker draining a burst of 10,000 stood idle once or twice for
+    0.6-0.8 s and answered 4,800-8,500 events/s (median 5,800); paused in aiokafka,
+    7,500-9,700/s (docs/design.md, "Pausing a full lane")."""
     _on_consumer_thread(consumer, tp, pause=True)
 
 
@@ -421,7 +423,14 @@ def _on_consumer_thread(consumer: Any, tp: Any, *, pause: bool) -> None:
         except IllegalStateError:  # revoked meanwhile: its next assignment starts unpaused
             pass
 
-    thread.thread_loop.call_soon_threadsafe(apply)
+    try:
+        thread.thread_loop.call_soon_threadsafe(apply)
+    except RuntimeError:  # the consumer thread's loop is closed: the worker is stopping
+        log.debug(
+            "fetch of %s not %s: the consumer has stopped",
+            partition,
+            "paused" if pause else "resumed",
+        )
 
 
 def forget(consumer: Any, messages: Iterable[Any]) -> None:
