@@ -103,7 +103,7 @@ def test_mixed_traffic_every_request_answered_once(kafka_bootstrap: str, tmp_pat
 def test_lanes_far_over_their_fetch_buffer_pause_and_resume_losing_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """Each lane buffers at most 8 fetched records, so 1,200 requests sent at once
+    """Each lane buffers at most 8 fetched records, so 3,000 requests sent at once
     pause and resume every lane partition in aiokafka (faust_edge.pause_fetch) many
     times over, records fetched before a pause are dropped unread and fetched again:
     every request is answered, once."""
