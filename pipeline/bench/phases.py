@@ -8,7 +8,8 @@
   silence, each waited for before the next silence starts;
 - :func:`faust_floor`: the noop saturation workload through a bare Faust
   agent (:mod:`.faust_floor`);
-- :class:`Sampler`: a worker's token budget and batches over time.
+- :class:`Sampler`: a worker's token budget and batches over time, and the GPU's
+  utilisation per phase (``--device cuda``).
 """
 
 from __future__ import annotations
@@ -49,11 +50,16 @@ def say(message: str) -> None:
 
 
 class Sampler:
-    """Scrapes a worker's /metrics every ``interval_s`` on a thread: budget and batches."""
+    """Scrapes a worker's /metrics every ``interval_s`` on a thread: budget and batches;
+    with ``device`` (a :class:`pipeline.inference.DeviceTelemetry`), the GPU's
+    utilisation too, read here at each tick rather than from the worker's gauge (which
+    it refreshes every ``PIPELINE_METRICS_SAMPLE_INTERVAL_S``, 5 s by default).
+    ``phase`` names the phase running now; "" between phases."""
 
-    def __init__(self, port: int, interval_s: float = 0.5) -> None:
+    def __init__(self, port: int, interval_s: float = 0.5, device: Any = None) -> None:
         self.port = port
         self.interval_s = interval_s
+        self.device = device
         self.phase = ""
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -66,6 +72,7 @@ class Sampler:
             s = scrape(self.port)
             if s is None:
                 continue
+            reading = self.device.sample() if self.device is not None else None
             self.rows.append(
                 {
                     "t_s": round(time.monotonic() - self._t0, 3),
@@ -74,12 +81,25 @@ class Sampler:
                     "batches": metric_total(s, "pipeline_batch_size_count"),
                     "items": metric_total(s, "pipeline_batch_size_sum"),
                     "busy": metric_total(s, "pipeline_engine_busy_ratio"),
+                    "gpu": reading.utilization_pct / 100 if reading is not None else None,
                 }
             )
+
+    def gpu_util(self, phase: str) -> float | None:
+        """Mean GPU utilisation (0..1) over ``phase``'s ticks; None without readings."""
+        return mean_gpu(self.rows, phase)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        if self.device is not None:
+            self.device.close()
+
+
+def mean_gpu(rows: list[dict[str, Any]], phase: str) -> float | None:
+    """Mean of the ``gpu`` readings of ``phase``'s rows; None when there are none."""
+    readings = [r["gpu"] for r in rows if r["phase"] == phase and r.get("gpu") is not None]
+    return sum(readings) / len(readings) if readings else None
 
 
 def _summary(
@@ -150,13 +170,15 @@ def _play(
     answers = collector.of(prefix)
     started_ms = started[0] if started else wall_ms()
     summary = _summary(dep, name, answers, sent=_sent(collector, prefix), started_ms=started_ms)
-    gpu = metric_total(after, "pipeline_device_utilisation_ratio") if after else None
+    if sampler is not None:
+        sampler.phase = ""
+    gpu = sampler.gpu_util(name) if sampler is not None else None
     summary |= {
         **batch_stats(before, after),
         "tokenize_share": None,
         "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
         "peak_rss_bytes": dep.peak_rss_bytes(),
-        "gpu_util": gpu if dep.env.get("PIPELINE_MODEL_DEVICE") != "cpu" and gpu else None,
+        "gpu_util": gpu,
     }
     return summary, answers, started_ms
 

@@ -329,18 +329,27 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
     written.append(path)
 
     rows = report["modes"].get("adaptive", {}).get("timeline", [])
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    ts, sizes, budgets = [], [], []
+    with_gpu = any(row.get("gpu") is not None for row in rows)  # --device cuda
+    fig, axes = plt.subplots(3 if with_gpu else 2, 1, figsize=(7, 7 if with_gpu else 5),
+                             sharex=True)  # fmt: skip
+    top, bottom = axes[0], axes[1]
+    ts, sizes, budgets, gpu = [], [], [], []
     for prev, row in itertools.pairwise(rows):
         dn = row["batches"] - prev["batches"]
         ts.append(row["t_s"])
         budgets.append(row["budget"])
         sizes.append((row["items"] - prev["items"]) / dn if dn > 0 else float("nan"))
+        reading = row.get("gpu")
+        gpu.append(100 * reading if reading is not None else float("nan"))
     top.plot(ts, budgets, color="tab:blue")
     top.set_ylabel("token budget")
     bottom.plot(ts, sizes, color="tab:orange", marker=".", linestyle="none")
     bottom.set_ylabel("mean batch size")
-    bottom.set_xlabel("seconds since the adaptive worker was ready")
+    if with_gpu:
+        axes[2].plot(ts, gpu, color="tab:green")
+        axes[2].set_ylabel("GPU utilisation (%)")
+        axes[2].set_ylim(0, 105)
+    axes[-1].set_xlabel("seconds since the adaptive worker was ready")
     top.set_title("Adaptive: budget and batch size over time")
     fig.tight_layout()
     path = out / "adaptive_timeline.png"

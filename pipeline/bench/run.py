@@ -121,7 +121,8 @@ def _worker_mode(
     try:
         dep.start()
         say(f"{mode}: ready in {dep.ready_s:.1f} s")
-        sampler = Sampler(dep.metrics_port) if mode == "adaptive" else None
+        if mode in ("adaptive", "fixed", "sync"):
+            sampler = Sampler(dep.metrics_port, device=_gpu(config))
         n = config.noop_requests if mode == "noop" else config.requests
         spec = WorkloadSpec(n=n, seed=config.seed, dup_rate=config.dup_rate)
         phases.append(run_phase(dep, "saturate", spec, config=config, sampler=sampler))
@@ -163,6 +164,17 @@ def _worker_mode(
         "phases": phases,
         "timeline": sampler.rows if sampler is not None else [],
     }
+
+
+def _gpu(config: BenchConfig) -> Any:
+    """NVML readings of GPU 0 for the phases' ``gpu_util``, with ``--device cuda`` only
+    (it imports torch); None otherwise."""
+    if config.device != "cuda":
+        return None
+    from pipeline.inference.telemetry import DeviceTelemetry
+
+    telemetry = DeviceTelemetry("cuda:0")
+    return telemetry if telemetry.available else None
 
 
 def _floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict[str, Any]:
@@ -241,10 +253,12 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
     for mode in (m for m in MODES if m in config.modes):
         if mode == "raw":
             texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
-            say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
+            sizes = config.raw_sizes
+            say(f"raw: the model alone on {len(texts)} texts, sizes {sizes}")
             raw = run_raw(
-                model_settings_for(settings, config.device), texts, sizes=config.raw_sizes
-            )
+                model_settings_for(settings, config.device), texts, sizes=sizes,
+                sweep_n=max(128, 2 * max(sizes)),  # two batches of the largest size at least
+            )  # fmt: skip
             say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
             modes["raw"] = {"mode": "raw", "phases": [{"phase": "saturate", **raw}], "timeline": []}
         elif mode in WORKER_MODES:

@@ -4,7 +4,9 @@ anywhere; the smoke runs on the real broker are in tests/kafka/test_bench_live.p
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -205,6 +207,62 @@ def test_metrics_parsing_and_batch_stats() -> None:
     assert stats["mean_batch_size"] == 8.0
     assert stats["mean_batch_tokens"] == 100.0
     assert stats["padding_ratio"] == pytest.approx(0.4)
+
+
+def test_sampler_averages_the_gpu_over_each_phase_alone(tmp_path: Path) -> None:
+    """The GPU is read at each tick of the phase that runs, not once after it: a
+    phase's ``gpu_util`` is the mean of its own ticks, and ticks between phases
+    count for none. NVML has no GPU to read here; a stand-in gives the readings."""
+    import prometheus_client
+
+    from pipeline.bench.phases import Sampler, mean_gpu
+    from pipeline.bench.report import write_report
+    from pipeline.inference import DeviceSample
+    from pipeline.supervise import free_port
+
+    readings = iter([0.2, 0.4, 0.9, 0.9, 0.9] + [0.5] * 1000)
+
+    class StandIn:
+        closed = False
+
+        def sample(self) -> DeviceSample:
+            return DeviceSample(100 * next(readings), 1, 2)
+
+        def close(self) -> None:
+            self.closed = True
+
+    registry = prometheus_client.CollectorRegistry()
+    prometheus_client.Gauge("pipeline_token_budget", "", registry=registry).set(512)
+    port = free_port()
+    server, thread = prometheus_client.start_http_server(port, "127.0.0.1", registry)
+    device = StandIn()
+    try:
+        sampler = Sampler(port, interval_s=0.02, device=device)
+        sampler.phase = "backlog"
+        deadline = time.monotonic() + 10
+        while len(sampler.rows) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sampler.phase = ""
+        time.sleep(0.1)
+        sampler.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert device.closed
+    backlog_rows = [r for r in sampler.rows if r["phase"] == "backlog"]
+    assert len(backlog_rows) >= 5 and backlog_rows[0]["budget"] == 512
+    expected = sum(r["gpu"] for r in backlog_rows) / len(backlog_rows)
+    assert sampler.gpu_util("backlog") == pytest.approx(expected)
+    assert 0.2 <= expected < 0.9 and any(r["phase"] == "" for r in sampler.rows)
+    assert mean_gpu(sampler.rows, "saturate") is None
+    assert mean_gpu([{"phase": "x", "gpu": None}], "x") is None
+
+    rows = [{**r, "batches": i, "items": 4 * i} for i, r in enumerate(sampler.rows)]
+    report = {"config": {}, "modes": {"adaptive": {"mode": "adaptive", "phases": [],
+                                                    "timeline": rows}}}  # fmt: skip
+    paths = write_report(report, tmp_path)
+    assert paths["adaptive_timeline"].stat().st_size > 0
 
 
 def test_proc_probe_reads_this_process() -> None:
