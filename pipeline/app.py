@@ -34,7 +34,7 @@ from pipeline.calibrate import calibrate
 from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
 from pipeline.faust_conf import app_conf
-from pipeline.inference import DeviceTelemetry, InferenceEngine, load_model
+from pipeline.inference import DeviceTelemetry, InferenceEngine, device_utilisation, load_model
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
@@ -261,6 +261,7 @@ class _RuntimeHolder(Service):
             forget=lambda tokens: faust_edge.forget(self.app.consumer, tokens),
             keys=model.keys,
             on_room=self.reader.wake,
+            utilisation=device_utilisation(self.telemetry, self.engine.busy_fraction),
         )
         await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
         # A full collection walks every tracked object: with torch, transformers and Faust

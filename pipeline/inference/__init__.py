@@ -22,7 +22,7 @@ from pipeline.inference.model import (
     NoopModel,
     Prediction,
 )
-from pipeline.inference.telemetry import DeviceSample, DeviceTelemetry
+from pipeline.inference.telemetry import DeviceSample, DeviceTelemetry, device_utilisation
 
 __all__ = [
     "TASKS",
@@ -39,5 +39,6 @@ __all__ = [
     "Prediction",
     "Predictor",
     "default_model_path",
+    "device_utilisation",
     "load_model",
 ]

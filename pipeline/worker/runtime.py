@@ -74,9 +74,13 @@ class Runtime:
         forget: Callable[[list[Any]], None] | None = None,
         keys: Callable[[str], str] | None = None,
         on_room: Callable[[], None] | None = None,
+        utilisation: Callable[[], float | None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        # What the controller grows the budget on: NVML's reading on a GPU (the app's
+        # ``device_utilisation``); the inference thread's busy fraction otherwise.
+        self._utilisation = utilisation or engine.busy_fraction
         self.repeats = Repeats(
             stored if settings.dedupe.enabled else None, in_partition=store_in_context
         )
@@ -92,6 +96,7 @@ class Runtime:
             settings.scheduler,
             expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
             controller=self.controller,
+            on_gpu=engine.on_gpu,
         )
         self.gates: LaneGates[Work] = LaneGates(
             self.scheduler,
@@ -292,7 +297,7 @@ class Runtime:
         self.scheduler.observe(
             plan,
             latency_ms=latency_ms,
-            utilisation=self.engine.busy_fraction(),
+            utilisation=self._utilisation(),
             now_ms=self._clock_ms(),
         )
         m = self.metrics
