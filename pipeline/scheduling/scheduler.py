@@ -88,18 +88,16 @@ class Scheduler(Generic[T]):
         expire_lanes: frozenset[str],
         controller: Controller,
         lanes: Iterable[str] = LANES,
-        on_gpu: bool = False,
     ) -> None:
         self.settings = settings
         self.controller = controller
         self.expire_lanes = frozenset(expire_lanes)
-        self.max_items = settings.items_cap(on_gpu=on_gpu)
-        self.shapes = Shapes(settings.buckets, self.max_items)
+        self.shapes = Shapes(settings.buckets, settings.max_items)
         self.queues: LaneQueues[T] = LaneQueues(
             lanes,
             queue_size=settings.queue_size,
             resume_fraction=settings.resume_fraction,
-            lookahead=LOOKAHEAD_BATCHES * self.max_items,
+            lookahead=LOOKAHEAD_BATCHES * settings.max_items,
         )
         self.lanes = self.queues.lanes
         self._rank = {lane: i for i, lane in enumerate(self.lanes)}
@@ -299,7 +297,7 @@ class Scheduler(Generic[T]):
             self.queues,
             self.shapes,
             budget=self._budget_now(now_ms, due_waiting=DUE in urgency.values()),
-            max_items=self.max_items,
+            max_items=s.max_items,
             realtime_share=s.realtime_share,
             overdue=lambda e: urgency[id(e)],
             heads=heads,

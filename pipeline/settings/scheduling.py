@@ -25,11 +25,7 @@ class SchedulerSettings:
     )
     token_budget_min: int = _field(128, "smallest token budget the controller may set")
     token_budget_max: int = _field(16384, "largest token budget the controller may set")
-    max_items: int = _field(
-        0,
-        "most requests in one batch; 0: auto, 32 on a CPU and 256 on a GPU (whose batch runs "
-        "in about the same time at 16 rows or 128: its cost is the host's, per batch)",
-    )
+    max_items: int = _field(32, "most requests in one batch")
     window_ms: int = _field(10, "longest wait for a batch to fill once its oldest request arrived")
     margin_ms: int = _field(5, "safety margin kept between a batch's predicted end and a deadline")
     max_wait_ms_standard: int = _field(
@@ -87,10 +83,10 @@ class SchedulerSettings:
             problems.append("realtime_share must be in [0, 1)")
         if not 1 <= self.token_budget_min <= self.token_budget <= self.token_budget_max:
             problems.append("need 1 <= token_budget_min <= token_budget <= token_budget_max")
-        if min(self.queue_size, self.slow_batches, self.recover_batches) < 1:
-            problems.append("queue_size, slow_batches and recover_batches must be at least 1")
-        if self.max_items < 0:
-            problems.append("max_items must be at least 1, or 0 (auto)")
+        if min(self.max_items, self.queue_size, self.slow_batches, self.recover_batches) < 1:
+            problems.append(
+                "max_items, queue_size, slow_batches and recover_batches must be at least 1"
+            )
         if not 0.0 <= self.resume_fraction < 1.0:
             problems.append("resume_fraction must be in [0, 1)")
         if self.policy not in {"seed", "aimd", "fixed"}:
@@ -114,10 +110,6 @@ class SchedulerSettings:
     def buckets(self) -> tuple[int, ...]:
         """``seq_buckets`` parsed: ascending sequence lengths in tokens."""
         return tuple(int(x) for x in self.seq_buckets.split(",") if x.strip())
-
-    def items_cap(self, *, on_gpu: bool) -> int:
-        """``max_items``, with 0 (auto) resolved for the device the model runs on."""
-        return self.max_items or (256 if on_gpu else 32)
 
     def max_wait_ms(self, lane: str) -> int | None:
         """How long a request of ``lane`` may wait for higher lanes (``None``: top lane)."""

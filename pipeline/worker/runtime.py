@@ -96,7 +96,6 @@ class Runtime:
             settings.scheduler,
             expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
             controller=self.controller,
-            on_gpu=engine.on_gpu,
         )
         self.gates: LaneGates[Work] = LaneGates(
             self.scheduler,

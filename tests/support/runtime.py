@@ -37,7 +37,6 @@ class LengthEngine:
         return None
 
     overlaps = True  # two batches in the engine at once, as on a GPU
-    on_gpu = False  # but batches of a CPU's size (max_items 0: 32)
 
 
 class InstantBroker:

@@ -1,8 +1,6 @@
-"""What the worker tells the batch-size controller, and how large its batches may be,
-on a CPU and on a GPU: the controller grows the budget on NVML's utilisation on a GPU
-(the inference thread there is busy launching kernels while the GPU idles) and on the
-inference thread's busy fraction on a CPU; ``max_items`` 0 means 32 rows on a CPU and
-256 on a GPU.
+"""What the worker tells the batch-size controller on a CPU and on a GPU: it grows the
+budget on NVML's utilisation on a GPU (the inference thread there is busy launching
+kernels while the GPU idles) and on the inference thread's busy fraction on a CPU.
 
 The runtime is the real one; the model a stand-in (no GPU here); NVML a number.
 """
@@ -17,32 +15,29 @@ from support.runtime import InstantBroker, LengthEngine, settle, submit
 
 from pipeline.client import request_bytes
 from pipeline.inference import DeviceSample, device_utilisation
-from pipeline.settings import SchedulerSettings, Settings
+from pipeline.settings import Settings
 from pipeline.worker import Incoming, Origin, Runtime
 
 
 class _GpuLengthEngine(LengthEngine):
-    """LengthEngine on a "GPU": batches of a GPU's size; its thread always busy."""
-
-    on_gpu = True
+    """LengthEngine on a "GPU": its thread always busy."""
 
     def busy_fraction(self) -> float:
         return 0.8  # launching kernels and copying, as measured on an H200
 
 
 @pytest.mark.parametrize(
-    ("engine", "utilisation", "seen", "largest"),
+    ("engine", "utilisation", "seen"),
     [
-        (LengthEngine, None, 0.0, 32),  # a CPU: the busy fraction, 32 rows at most
-        (_GpuLengthEngine, 0.03, 0.03, 256),  # a GPU: NVML's reading, 256 rows at most
+        (LengthEngine, None, 0.0),  # a CPU: the engine's busy fraction
+        (_GpuLengthEngine, 0.03, 0.03),  # a GPU: NVML's reading, not the busy 0.8
     ],
 )
-def test_the_controller_sees_the_devices_utilisation_and_batches_fit_the_device(
-    engine: type[LengthEngine], utilisation: float | None, seen: float, largest: int
+def test_the_controller_sees_the_devices_utilisation(
+    engine: type[LengthEngine], utilisation: float | None, seen: float
 ) -> None:
     """Each batch's utilisation reaches the controller from ``utilisation`` when the
-    worker gives one (NVML on a GPU), else from the engine's busy fraction; and a
-    batch holds up to 32 requests on a CPU and 256 on a GPU (``max_items`` 0: auto)."""
+    worker gives one (NVML on a GPU), else from the engine's busy fraction."""
 
     async def main() -> tuple[Runtime, LengthEngine]:
         broker, model = InstantBroker(), engine()
@@ -69,8 +64,7 @@ def test_the_controller_sees_the_devices_utilisation_and_batches_fit_the_device(
 
     runtime, model = asyncio.run(main())
     assert runtime.controller.last_utilisation == seen
-    assert runtime.scheduler.max_items == largest
-    assert max(len(b) for b in model.batches) == largest
+    assert max(len(b) for b in model.batches) == 32  # PIPELINE_SCHEDULER_MAX_ITEMS
 
 
 def test_nvml_is_read_when_it_answers_and_the_busy_fraction_otherwise() -> None:
@@ -88,8 +82,3 @@ def test_nvml_is_read_when_it_answers_and_the_busy_fraction_otherwise() -> None:
     assert device_utilisation(Nvml(None), busy)() == 0.8  # type: ignore[arg-type]
     assert device_utilisation(None, busy)() == 0.8
 
-
-def test_max_items_is_the_settings_own_unless_auto() -> None:
-    assert SchedulerSettings().items_cap(on_gpu=False) == 32
-    assert SchedulerSettings().items_cap(on_gpu=True) == 256
-    assert SchedulerSettings(max_items=8).items_cap(on_gpu=True) == 8

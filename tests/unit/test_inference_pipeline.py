@@ -304,7 +304,6 @@ class HeldEngine:
         self.batches: list[list[str]] = []
         self.gates: list[asyncio.Event] = []
         self.overlaps = overlaps  # as on a GPU unless told
-        self.on_gpu = False  # batches of a CPU's size (max_items 0: 32)
 
     async def run(
         self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
