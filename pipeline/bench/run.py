@@ -253,11 +253,10 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
     for mode in (m for m in MODES if m in config.modes):
         if mode == "raw":
             texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
-            sizes = config.raw_sizes
-            say(f"raw: the model alone on {len(texts)} texts, sizes {sizes}")
+            say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
             raw = run_raw(
-                model_settings_for(settings, config.device), texts, sizes=sizes,
-                sweep_n=max(128, 2 * max(sizes)),  # two batches of the largest size at least
+                model_settings_for(settings, config.device), texts, sizes=config.raw_sizes,
+                sweep_n=max(128, 2 * max(config.raw_sizes)),  # two batches of the largest size
             )  # fmt: skip
             say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
             modes["raw"] = {"mode": "raw", "phases": [{"phase": "saturate", **raw}], "timeline": []}
