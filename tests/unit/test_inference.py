@@ -11,10 +11,11 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_model import LABELS
 
@@ -31,6 +32,7 @@ from pipeline.inference import (
     load_model,
 )
 from pipeline.inference._sync import BusyTracker
+from pipeline.inference.batch_tokenizer import BatchTokenizer
 from pipeline.settings import ModelSettings
 
 TEXTS = [
@@ -117,6 +119,49 @@ def test_truncation_at_max_length(minilm: Model) -> None:
     assert minilm.count_tokens(long_text) == minilm.max_length == 256
     enc = minilm.tokenize([long_text])
     assert enc.tensors["input_ids"].shape == (1, 256)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(
+        st.text(max_size=60)
+        | st.text(alphabet="ab cé東😀\t\n.,!", max_size=600)
+        | st.builds(lambda n: "word " * n, st.integers(200, 400)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_batch_tokenizes_as_transformers_own_call_does(minilm: Model, texts: list[str]) -> None:
+    """The model encodes batches through the Rust backend (BatchTokenizer); the
+    tensors must be transformers' own, byte for byte, for any batch of texts,
+    including ones past max_length."""
+    assert minilm._batch_tokenizer is not None  # the fast path is the one under test
+    want = minilm._tokenizer(texts, padding="longest", truncation=True,
+                             max_length=minilm.max_length, return_tensors="pt")  # fmt: skip
+    got = minilm.tokenize(texts).tensors
+    assert set(got) == {"input_ids", "token_type_ids", "attention_mask"}
+    for name, tensor in got.items():
+        assert tensor.dtype == want[name].dtype and torch.equal(tensor, want[name]), name
+
+
+def test_a_tokenizer_the_backend_cannot_match_keeps_transformers_path(minilm: Model) -> None:
+    """BatchTokenizer.of gives None, never a guess: for an object with no Rust
+    backend, and for a tokenizer whose own call differs from its backend's (here
+    one that appends " !" to every text before encoding it; its backend does not)."""
+    assert BatchTokenizer.of(object(), 16) is None
+
+    class Shouting:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def __call__(self, texts: list[str], **kw: Any) -> Any:
+            return self._inner([t.upper() + " !" for t in texts], **kw)
+
+    assert BatchTokenizer.of(Shouting(minilm._tokenizer), 16) is None
+    assert BatchTokenizer.of(minilm._tokenizer, 16) is not None
 
 
 def test_classify_needs_a_trained_head() -> None:
