@@ -121,8 +121,10 @@ def _worker_mode(
     try:
         dep.start()
         say(f"{mode}: ready in {dep.ready_s:.1f} s")
-        if mode in ("adaptive", "fixed", "sync"):
-            sampler = Sampler(dep.metrics_port, device=_gpu(config))
+        # The timeline is adaptive's; fixed and sync are sampled only for the GPU's reading.
+        gpu = _gpu(config) if mode in ("adaptive", "fixed", "sync") else None
+        if mode == "adaptive" or gpu is not None:
+            sampler = Sampler(dep.metrics_port, device=gpu)
         n = config.noop_requests if mode == "noop" else config.requests
         spec = WorkloadSpec(n=n, seed=config.seed, dup_rate=config.dup_rate)
         phases.append(run_phase(dep, "saturate", spec, config=config, sampler=sampler))

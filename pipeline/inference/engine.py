@@ -227,17 +227,12 @@ class InferenceEngine:
         return self._tokenize_ms
 
     @property
-    def on_gpu(self) -> bool:
-        """Whether the model runs on a CUDA device."""
-        return str(getattr(self.model, "device", "cpu")).startswith("cuda")
-
-    @property
     def overlaps(self) -> bool:
         """Whether preparing the next batch while one runs pays: on a GPU, which computes
         while the CPU tokenises and copies. On a CPU both stages share the cores (no gain
         beyond noise, README "Pipelining and threads"), and a realtime request arriving
         meanwhile would wait behind the batch formed early as well as the running one."""
-        return self.on_gpu
+        return str(getattr(self.model, "device", "cpu")).startswith("cuda")
 
     def stats(self) -> EngineStats:
         """Batches, items, failed items and model calls so far."""
