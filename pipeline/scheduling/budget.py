@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -169,17 +169,18 @@ def assemble(
     budget: int,
     max_items: int,
     realtime_share: float,
-    overdue: Callable[[Entry[T]], int],
+    urgency: Mapping[int, int],
     heads: Mapping[str, list[Entry[T]]] | None = None,
 ) -> Draft[T]:
     """Assemble the batch that would run now (see the module's promise) from ``heads``
-    (each lane's queue, or the part of it to look at); mutates nothing."""
+    (each lane's queue, or the part of it to look at); ``urgency`` says, by ``id``, how
+    overdue each request of the lower lanes there is (``ON_TIME``, ``LATE``, ``DUE``).
+    Mutates nothing."""
     top, *others = queues.lanes
     if heads is None:
         heads = {lane: queues.entries(lane) for lane in queues.lanes}
     draft: Draft[T] = Draft(shapes, budget=budget, max_items=max_items)
     realtime = heads[top]
-    urgency = {id(e): overdue(e) for lane in others for e in heads[lane]}
     late = sorted(
         (e for lane in others for e in heads[lane] if urgency[id(e)]),
         key=lambda e: (-urgency[id(e)], e),
@@ -215,14 +216,18 @@ def assemble(
                 draft.add(e)
     _fill(draft, realtime)  # 2
     _fill(draft, (e for e in late if joins(e)))  # 3
-    rest = [e for lane in others for e in heads[lane] if e not in draft]
+    taken = draft._taken
+    rest = [e for lane in others for e in heads[lane] if id(e) not in taken]
     if not rest or draft.full:
         return draft
     if not draft.entries:
         draft.add(rest[0])  # the anchor: earliest deadline of the highest lane
     anchor = draft.index
     _fill(draft, (e for e in rest if e.bucket == anchor))  # 4a
-    _fill(draft, (e for e in rest if _affine(draft, e, anchor)))  # 4b
+    if draft.full:
+        return draft
+    near = [e for e in rest if abs(e.bucket - anchor) == 1]
+    _fill(draft, (e for e in near if _affine(draft, e, anchor)))  # 4b
     return draft
 
 

@@ -105,10 +105,12 @@ class LaneQueues(Generic[T]):
 
     def remove(self, taken: Iterable[Entry[T]]) -> None:
         """Drop ``taken`` entries (identity) from their queues."""
-        gone = {id(e) for e in taken}
-        if gone:
-            for lane, queue in self._queues.items():
-                self._queues[lane] = [e for e in queue if id(e) not in gone]
+        gone: dict[str, set[int]] = {}
+        for e in taken:
+            gone.setdefault(e.item.lane, set()).add(id(e))
+        for lane, ids in gone.items():
+            queue = self._queues[lane]
+            self._queues[lane] = [e for e in queue if id(e) not in ids]
 
     def lanes_to_pause(self) -> list[str]:
         """Lanes to pause now, lowest first; each is reported once until resumed."""

@@ -277,45 +277,60 @@ class Scheduler(Generic[T]):
         # Triggers look one full batch ahead (not a shrunk one): aged and urgent
         # requests that collide then still make it within a batch or two.
         lead = self.controller.predict_ms(self.controller.budget) + s.margin_ms
-        waits = {lane: s.max_wait_ms(lane) for lane in self.lanes}  # looked up once a decision
-
-        def aged_at(e: Entry[T]) -> float:
-            wait = waits[e.item.lane]
-            return math.inf if wait is None else e.item.arrived_ms + wait - lead
-
-        def overdue(e: Entry[T]) -> int:
-            if min(aged_at(e), e.deadline_ms - lead) > now_ms:
-                return ON_TIME
-            wait = waits[e.item.lane]
-            bound = e.deadline_ms if wait is None else min(e.item.arrived_ms + wait, e.deadline_ms)
-            return DUE if now_ms <= bound else LATE
-
-        # Judged once per decision: the budget and the assembly both need it.
         heads = {lane: self.queues.head(lane) for lane in self.lanes}
-        urgency = {id(e): overdue(e) for lane in self.lanes[1:] for e in heads[lane]}
+        # Judged once per decision (the budget and the assembly both need it), in one
+        # pass per lane: with hundreds of requests looked at, a call per request
+        # cost a no-op worker a tenth of its time. A request of a lower lane is
+        # overdue once its bound (aging's, or its deadline if sooner) is within
+        # ``lead``: DUE while still within it, LATE past it.
+        urgency: dict[int, int] = {}
+        aged = math.inf  # the earliest moment a request ages, less the lead
+        for i, lane in enumerate(self.lanes):
+            head = heads[lane]
+            wait = s.max_wait_ms(lane)
+            if i == 0:
+                if head and wait is not None:
+                    aged = min(aged, min(e.item.arrived_ms for e in head) + wait - lead)
+                continue
+            for e in head:
+                bound = e.deadline_ms
+                if wait is not None:
+                    aged_ms = e.item.arrived_ms + wait
+                    # Comparisons, not min(): a call per request costs a sixth more here.
+                    if aged_ms - lead < aged:  # noqa: PLR1730
+                        aged = aged_ms - lead
+                    if aged_ms < bound:  # noqa: PLR1730
+                        bound = aged_ms
+                level = ON_TIME if bound - lead > now_ms else DUE if now_ms <= bound else LATE
+                urgency[id(e)] = level
         draft = assemble(
             self.queues,
             self.shapes,
             budget=self._budget_now(now_ms, due_waiting=DUE in urgency.values()),
             max_items=s.max_items,
             realtime_share=s.realtime_share,
-            overdue=lambda e: urgency[id(e)],
+            urgency=urgency,
             heads=heads,
         )
         # Expiring requests that would miss their deadline even if they ran in
-        # this batch (the batch that would run now, or they alone if longer).
+        # this batch (the batch that would run now, or they alone if longer). Heads
+        # are in deadline order: past a deadline no request of any length misses,
+        # none further on does.
         predict = self.controller.predict_ms
-        hopeless = [
-            e
-            for lane in self.lanes
-            if lane in self.expire_lanes
-            for e in heads[lane]
-            if now_ms + predict(max(draft.padded, self.shapes.seq_len(e.bucket))) > e.deadline_ms
-        ]
-        entries = [e for head in heads.values() for e in head]
+        safe = now_ms + predict(max(draft.padded, self.shapes.seq_len(-1)))
+        hopeless = []
+        for lane in self.lanes:
+            if lane not in self.expire_lanes:
+                continue
+            for e in heads[lane]:
+                if e.deadline_ms >= safe:
+                    break
+                alone = self.shapes.seq_len(e.bucket)
+                if now_ms + predict(max(draft.padded, alone)) > e.deadline_ms:
+                    hopeless.append(e)
         candidates = [
-            (min(e.deadline_ms for e in entries) - lead, "deadline"),
-            (min(aged_at(e) for e in entries), "aged"),
+            (min(h[0].deadline_ms for h in heads.values() if h) - lead, "deadline"),
+            (aged, "aged"),
             (now_ms if draft.full else math.inf, "full"),
             (min(e.item.arrived_ms for e in draft.entries) + s.window_ms, "window"),
         ]
