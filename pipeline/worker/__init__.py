@@ -4,7 +4,7 @@ The files, in the order a record moves through them (the record's forms on
 the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
 :class:`Work`, are in ``records.py``):
 
-- ``pipeline/faust_edge.py`` (``install``): the consumer's fetch hands each
+- ``pipeline/faust_edge/`` (``install``): the consumer's fetch hands each
   fetch's lane records over at once, below Faust's streams;
 - ``lane_buffer.py``: fetched records wait per partition in offset order,
   bounded per lane (a full lane's partitions leave the fetcher);

@@ -7,7 +7,7 @@ it has not started, its offsets stay uncommitted, and the ledger still finds one
 answer per request.
 
 Repeats are bounded by what the workers log at each give-up. A revoke commits
-what was answered before it (``faust_edge._commit_then_revoke``), waits for the
+what was answered before it (``faust_edge.consumer._commit_then_revoke``), waits for the
 inputs the model had started and commits their answers too (Faust's
 ``wait_empty``), and given-up inputs are never answered by the worker that gave
 them up. Left to repeat are only the inputs a give-up strands: started or

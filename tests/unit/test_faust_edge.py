@@ -143,7 +143,7 @@ def test_a_seek_back_that_reads_a_stale_commit_does_not_stop_the_partitions_comm
         import faust
         from faust.transport.consumer import Consumer
         from faust.types.tuples import TP, ConsumerMessage as Message
-        from pipeline import faust_edge
+        from pipeline.faust_edge import consumer as edge_consumer
 
         def run(perform_seek):
             app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
@@ -165,7 +165,7 @@ def test_a_seek_back_that_reads_a_stale_commit_does_not_stop_the_partitions_comm
                 consumer.ack(Message("lane", 0, offset, 0.0, 0, None, b"k", b"v", None, tp=tp))
             return [consumer._committed_offset[tp], consumer._new_offset(tp)]
 
-        out = {"faust": run(Consumer.perform_seek), "edge": run(faust_edge._seek_forward_only)}
+        out = {"faust": run(Consumer.perform_seek), "edge": run(edge_consumer._seek_forward_only)}
         print(json.dumps(out))
         """
     )

@@ -1,86 +1,25 @@
-"""Every use of faust-streaming's private parts, in one place, checked at start-up.
+"""The worker's patches of Faust's consumer, and the calls the lane reader makes on it.
 
-The worker needs a few things Faust's public API does not offer; each is
-made here, and nowhere else:
-
-- lane records are taken from each fetch as one batch, below Faust's
-  per-event streams (:func:`install`): a bare Faust agent (raw bytes in, one
-  produce per event) tops out at a few thousand events/s on this kind of
-  machine, most of it spent building, queueing and delivering an event per
-  record (docs/design.md, "Intake in batches"). So no lane record meets
-  Faust's fetch loop, its streams or their acks: Faust's per-record
-  "read offset" drops and "gap" acks (worker/continuity.py tells what those did to
-  lane offsets before) never touch one, and a lane offset is acked to Faust
-  only when the pipeline's watermark released it (:func:`releaser`);
-- a hole the consumer really has (offsets that do not exist) is let through
-  to Faust's commit explicitly (:func:`add_gap`);
-- a record the reader passes over is dropped from Faust's unacked set, so a
-  stopping worker does not wait for it (:func:`forget`);
-- the answered inputs are committed when a rebalance revokes their partitions
-  (:func:`install`): Faust's revoke drops every revoked partition's acked,
-  uncommitted offsets before its own commit runs, so the partitions' next
-  owners answered again everything acked since the last periodic commit;
-- offsets at a partition's end that hold no record are acked as if they did,
-  so the group commits past them (:func:`pass_end`);
-- Faust's seek back to the committed offsets (after records it dropped in a
-  rebalance, and when recovery ends) also rewinds the lane partitions the group
-  has committed nothing for (:func:`seek_to_committed_or_start`), and never
-  moves Faust's own committed offset back (:func:`_seek_forward_only`);
-- a dedupe write names the partition of its record, so the changelog record
-  goes to that partition (:func:`in_partition_of`);
-- the consumer's committed offsets, for the lag metric (:func:`committed`);
-- a full lane's partitions are paused in aiokafka itself (:func:`pause_fetch`),
-  and the worker's consumer waits at most ``PIPELINE_KAFKA_FETCH_MAX_WAIT_MS``
-  in a fetch (:func:`set_fetch_max_wait`): Faust's own flow control left a
-  resumed partition unread for up to a second (see :func:`pause_fetch`), and
-  its 1.5 s fetch wait stood a consumer idle behind a fetch of partitions with
-  nothing new;
-- the dedupe table is written into its local store directly and its changelog
-  records go out through the worker's librdkafka producer
-  (:class:`ChangelogStore`): through Faust's table API each write is one
-  record on Faust's aiokafka producer, whose buffer of 100 records stalled
-  intake ("producer buffer full") and cut a noop worker's throughput by more
-  than half.
-
-:func:`check` runs when ``pipeline.app`` is imported: a Faust other than the
-pinned, tested one (``constraints.txt``), or one without these attributes,
-stops the worker with one line before it joins the consumer group.
+See the package's promise (:mod:`pipeline.faust_edge`) for what each one is for;
+:func:`pipeline.faust_edge.check` names the private attributes they rely on.
 """
 
 from __future__ import annotations
 
-import contextvars
-import importlib.metadata
-import inspect
 import logging
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    MutableMapping,
-)
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
-from faust.transport.consumer import Consumer, ThreadDelegateConsumer
+from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
-from mode.threads import ServiceThread
-
-from pipeline.errors import ConfigurationError
 
 __all__ = [
-    "TESTED_FAUST",
-    "ChangelogStore",
     "add_gap",
-    "check",
     "committed",
     "forget",
-    "in_partition_of",
     "install",
     "pass_end",
     "pause_fetch",
@@ -91,39 +30,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: The faust-streaming release these patches were written and tested against.
-TESTED_FAUST = "0.15.3"
-
-#: Instance attributes of ``faust.transport.consumer.Consumer`` used here.
-_CONSUMER_STATE = ("_acked", "_committed_offset", "_read_offset", "_unacked_messages")
-#: Methods of ``Consumer`` replaced or called here.
-_CONSUMER_METHODS = (
-    "_add_gap",
-    "ack",
-    "commit",
-    "getmany",
-    "maybe_wait_for_commit_to_finish",
-    "on_partitions_revoked",
-    "perform_seek",
-    "seek",
-    "seek_to_committed",
-    "unacked",
-)
-#: Methods of the aiokafka driver's consumer thread replaced or called here.
-_THREAD_METHODS = (
-    "_create_worker_consumer",
-    "_ensure_consumer",
-    "call_thread",
-    "seek_to_committed",
-)
-
-#: Instance attributes of other classes (set in their ``__init__``) used here.
-_INSTANCE_STATE = (
-    (ThreadDelegateConsumer, "_thread"),
-    (ServiceThread, "thread_loop"),
-    (AIOKafkaConsumer, "_fetch_max_wait_ms"),
-)
 
 # Looked up softly: a Faust without them must reach check()'s one-line refusal.
 _ORIGINAL_ADD_GAP: Any = getattr(Consumer, "_add_gap", None)
@@ -136,62 +42,10 @@ _ORIGINAL_CREATE_WORKER_CONSUMER: Any = getattr(
 _REVOKE_COMMIT_ROUNDS = 10
 
 
-def check(
-    version: str | None = None,
-    consumer: type = Consumer,
-    store: type | None = None,
-    thread: type | None = None,
-) -> None:
-    """Raise ConfigurationError (one line) unless Faust is the tested release and has
-    every private attribute this module relies on."""
-    if store is None:
-        from faust.stores.rocksdb import Store
-
-        store = Store
-    if thread is None:
-        thread = AIOKafkaConsumerThread
-    found = version if version is not None else importlib.metadata.version("faust-streaming")
-    if found != TESTED_FAUST:
-        raise ConfigurationError(
-            f"faust-streaming {found} is installed, but the worker patches private parts of "
-            f"{TESTED_FAUST} (pipeline/faust_edge.py): install the pinned versions with "
-            "`pip install -c constraints.txt -e .` (./run setup does)"
-        )
-    missing = [f"Consumer.{name}" for name in _CONSUMER_METHODS if not hasattr(consumer, name)]
-    init = _init_source(consumer)
-    missing += [f"Consumer.{name}" for name in _CONSUMER_STATE if f"self.{name}" not in init]
-    missing += [
-        f"AIOKafkaConsumerThread.{name}" for name in _THREAD_METHODS if not hasattr(thread, name)
-    ]
-    missing += [
-        f"{cls.__name__}.{name}"
-        for cls, name in _INSTANCE_STATE
-        if f"self.{name}" not in _init_source(cls)
-    ]
-    for name in ("set_persisted_offset", "_db_for_partition"):
-        if not hasattr(store, name):
-            missing.append(f"faust.stores.rocksdb.Store.{name}")
-    if "self._dbs" not in _init_source(store):
-        missing.append("faust.stores.rocksdb.Store._dbs")
-    if missing:
-        raise ConfigurationError(
-            f"faust-streaming {found} lacks {', '.join(missing)}, which the worker relies on "
-            "(pipeline/faust_edge.py): reinstall with `pip install -c constraints.txt -e .`"
-        )
-
-
-def _init_source(cls: type) -> str:
-    """The source of ``cls.__init__`` (where its instance attributes are made), or ""."""
-    try:
-        return inspect.getsource(vars(cls)["__init__"])
-    except (KeyError, OSError, TypeError):
-        return ""
-
-
 def install(
     lane_topics: frozenset[str], sink: Callable[[list[Any]], None], *, fetch_max_wait_ms: int
 ) -> None:
-    """Patch Faust's consumer for ``lane_topics`` (see the module's promise).
+    """Patch Faust's consumer for ``lane_topics`` (see :mod:`pipeline.faust_edge`).
 
     Batches: ``Consumer.getmany`` hands each fetch's lane records to ``sink``
     in one call (in the consumer's order, after its own checks: flow control,
@@ -440,118 +294,7 @@ def forget(consumer: Any, messages: Iterable[Any]) -> None:
         consumer.unacked.discard(message)
 
 
-#: The partition a :class:`ChangelogStore` write is for (:func:`in_partition_of`).
-_PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "dedupe_partition", default=None
-)
-
-
-def in_partition_of(token: Any, fn: Callable[[], None]) -> None:
-    """Run a dedupe write for the input whose token (Faust message) is ``token``: the
-    entry goes to the input's partition of the store, and its changelog record to
-    that partition of the changelog."""
-    reset = _PARTITION.set(int(token.partition))
-    try:
-        fn()
-    finally:
-        _PARTITION.reset(reset)
-
-
 def committed(consumer: Any, tp: Any) -> int | None:
     """The consumer's last committed offset of ``tp``, or None when it has none."""
     value = consumer._committed_offset.get(tp)
     return None if value is None else int(value)
-
-
-#: Sends one changelog record without waiting: (topic, key, value, partition,
-#: on_delivery(err, msg) called on the producer's polling thread); raises BufferError
-#: while the producer's queue is full.
-ChangelogSend = Callable[[str, bytes, bytes, int, Callable[[Any, Any], None]], None]
-
-
-class ChangelogStore(MutableMapping[bytes, bytes]):
-    """A Faust table's local RocksDB store, with its changelog written by ``send``.
-
-    Reads and writes go to ``table.data`` (the store Faust restores from the
-    changelog on assignment); a write, made for a record (see
-    :func:`in_partition_of`), also sends ``(key, value)`` to the table's
-    changelog topic, on the record's partition, exactly as Faust would (raw
-    key and value bytes), so Faust's recovery reads it back. The send is not
-    awaited: a changelog record lost in a crash only costs a recomputation on
-    the partition's next owner. Delivered offsets are remembered per partition
-    and written as the store's persisted offsets by :meth:`flush_offsets`, so a
-    restart replays only the changelog's tail.
-    """
-
-    def __init__(self, table: Any, send: ChangelogSend) -> None:
-        self._data: Any = table.data
-        self._topic: str = table.changelog_topic.get_topic_name()
-        self._send = send
-        self._delivered: dict[int, int] = {}
-        self.failures = 0
-
-    def __getitem__(self, key: bytes) -> bytes:
-        value = self.get(key)
-        if value is None:
-            raise KeyError(key)
-        return value  # type: ignore[no-any-return]
-
-    def get(self, key: bytes, default: Any = None) -> Any:
-        """Looks in every partition's store held here (a text may be stored under
-        another partition's input: the key partitions by the exact text). Straight
-        to RocksDB: Faust's table read (serializer lookup, key index, a bloom-filter
-        probe then a read per partition) cost a noop worker about 15 % of its time."""
-        for db in self._data._dbs.values():
-            value = db.get(key)
-            if value is not None:
-                return value
-        return default
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        partition = _PARTITION.get()
-        if partition is None:
-            raise RuntimeError("a dedupe entry is written for a record (in_partition_of)")
-        self._data._db_for_partition(partition).put(key, value)
-        try:
-            self._send(self._topic, key, value, partition, self._done)
-        except BufferError:
-            self._failed(partition, "the producer's queue is full")
-        except Exception as exc:  # refused outright: the entry stays local
-            self._failed(partition, repr(exc))
-
-    def _done(self, err: Any, msg: Any) -> None:
-        # On the producer's polling thread, without a future per record: a lost race
-        # with flush_offsets only leaves a persisted offset behind (more is replayed).
-        if err is not None:
-            self._failed(msg.partition(), str(err))
-            return
-        partition, offset = msg.partition(), msg.offset()
-        if offset > self._delivered.get(partition, -1):
-            self._delivered[partition] = offset
-
-    def _failed(self, partition: int, why: str) -> None:
-        self.failures += 1
-        if self.failures == 1 or not self.failures % 1000:
-            log.warning(
-                "dedupe changelog %s[%d]: a record was not written (%s; %d so far): "
-                "the entry is only local, another worker will compute it again",
-                self._topic,
-                partition,
-                why,
-                self.failures,
-            )
-
-    def flush_offsets(self) -> None:
-        """Record the changelog offsets delivered so far as the store's persisted ones."""
-        delivered, self._delivered = self._delivered, {}
-        for partition, offset in delivered.items():
-            self._data.set_persisted_offset(TP(self._topic, partition), offset)
-
-    def __delitem__(self, key: bytes) -> None:
-        raise NotImplementedError("dedupe entries leave by TTL, never by delete")
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
