@@ -40,14 +40,15 @@ class _Runs(Protocol):
 
 
 def sample_text(tokens: int, n: int = 0) -> str:
-    """A plain English text of about ``tokens`` tokens by the scheduler's estimate
-    (four characters a token); ``n`` makes it unique."""
-    words, chars = [f"calibration {n}:"], 0
-    while chars < 4 * (tokens - 2):
-        word = _WORDS[len(words) % len(_WORDS)]
-        words.append(word)
-        chars += len(word) + 1
-    return " ".join(words)
+    """A plain English text of at most ``tokens`` tokens by the scheduler's estimate
+    (four characters a token, plus two), and within a word of it; ``n`` makes it
+    unique. Never over: with fine buckets a word more is the next bucket."""
+    text, i = f"calibration {n}:", 1
+    while True:
+        longer = f"{text} {_WORDS[i % len(_WORDS)]}"
+        if len(longer) // 4 + 2 > tokens:
+            return text
+        text, i = longer, i + 1
 
 
 async def calibrate(

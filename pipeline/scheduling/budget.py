@@ -1,7 +1,7 @@
 """Batches by cost: shapes, the plan handed to the engine, and how a batch is assembled.
 
 Cost is padded tokens: rows x the batch's sequence length, where every
-request is padded to one of a few sequence-length buckets (16/32/64/...),
+request is padded to one of a few sequence-length buckets (8/12/16/.../256),
 so one long text does not pad thirty short ones and the engine sees a few
 recurring shapes. A batch never holds more than ``max_items`` requests nor
 more padded tokens than its budget, except that one request alone always

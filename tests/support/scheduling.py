@@ -22,7 +22,13 @@ REALTIME = frozenset({"realtime"})
 Run = list[tuple[int, Plan[int]]]
 
 
+#: The worked examples' buckets (doubling, the default before the finer 13): their
+#: arithmetic reads "16 rows of 32 tokens"; test_scheduling_properties draws others.
+BUCKETS = "16,32,64,128,256"
+
+
 def settings(**overrides: object) -> SchedulerSettings:
+    overrides.setdefault("seq_buckets", BUCKETS)
     return dataclasses.replace(SchedulerSettings(), **overrides)  # type: ignore[arg-type]
 
 

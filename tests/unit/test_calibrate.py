@@ -49,7 +49,11 @@ def test_batches_of_different_sizes_fit_both_terms() -> None:
 
 
 def test_sample_texts_land_in_the_intended_bucket() -> None:
-    shapes = Shapes((16, 32, 64, 128, 256), 32)
+    for buckets in ((16, 32, 64, 128, 256), SchedulerSettings().buckets):
+        _land_in_their_bucket(Shapes(buckets, 32))
+
+
+def _land_in_their_bucket(shapes: Shapes) -> None:
     for _rows, tokens in SHAPES:
         text = sample_text(tokens, 3)
         estimate = len(text) // 4 + 2  # the worker's estimate at intake
@@ -68,7 +72,8 @@ def test_calibration_runs_every_shape_twice_and_fits_the_model(tmp_path: Path) -
         measured = asyncio.run(calibrate(engine, controller, shapes))
     finally:
         engine.stop()
-    assert [tokens for tokens, _ms in measured] == [32, 128, 256, 512, 256, 512]
+    # rows x the default bucket of 24 tokens (24) and of 100 (128)
+    assert [tokens for tokens, _ms in measured] == [24, 96, 192, 384, 256, 512]
     assert engine.stats().batches == 2 * len(SHAPES)
     assert controller.model.samples == len(SHAPES)
     assert all(ms > 0 for _tokens, ms in measured)
