@@ -29,6 +29,7 @@ from support.runtime import LengthEngine, settle, submit
 
 from pipeline.client import request_bytes
 from pipeline.codec import HEADER_LEN, MARKER, dead_letter_codec, request_codec, result_codec
+from pipeline.codec_writer import long_bytes as _varint  # Avro's zig-zag varint
 from pipeline.errors import DecodeError, PermanentError, ValidationError
 from pipeline.publish import Publisher
 from pipeline.settings import LANES, Settings, ValidationSettings
@@ -36,17 +37,6 @@ from pipeline.worker import Incoming, Origin, Request, Runtime
 from pipeline.worker.intake import parse
 
 LIMITS = ValidationSettings()  # the defaults: 64 KiB payloads, 8192-character texts
-
-
-def _varint(n: int) -> bytes:
-    """Avro's zig-zag varint of ``n``."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _avro_str(raw: bytes) -> bytes:
