@@ -72,7 +72,6 @@ class Sampler:
             s = scrape(self.port)
             if s is None:
                 continue
-            reading = self.device.sample() if self.device is not None else None
             self.rows.append(
                 {
                     "t_s": round(time.monotonic() - self._t0, 3),
@@ -81,7 +80,7 @@ class Sampler:
                     "batches": metric_total(s, "pipeline_batch_size_count"),
                     "items": metric_total(s, "pipeline_batch_size_sum"),
                     "busy": metric_total(s, "pipeline_engine_busy_ratio"),
-                    "gpu": reading.utilization_pct / 100 if reading is not None else None,
+                    "gpu": self.device.utilisation() if self.device is not None else None,
                 }
             )
 

@@ -89,6 +89,17 @@ class DeviceTelemetry:
             except Exception:
                 return None
 
+    def utilisation(self) -> float | None:
+        """The GPU's utilisation alone (0..1), or None on CPU or when NVML cannot answer:
+        one NVML call, for callers that ask after every batch and need no memory."""
+        with self._lock:
+            if self._handle is None:
+                return None
+            try:
+                return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu) / 100
+            except Exception:
+                return None
+
     def close(self) -> None:
         """Release NVML; later samples return None. Idempotent."""
         with self._lock:
@@ -112,7 +123,7 @@ def device_utilisation(
     and the batches small."""
 
     def read() -> float:
-        reading = telemetry.sample() if telemetry is not None else None
-        return reading.utilization_pct / 100 if reading is not None else busy()
+        reading = telemetry.utilisation() if telemetry is not None else None
+        return reading if reading is not None else busy()
 
     return read

@@ -217,7 +217,6 @@ def test_sampler_averages_the_gpu_over_each_phase_alone(tmp_path: Path) -> None:
 
     from pipeline.bench.phases import Sampler, mean_gpu
     from pipeline.bench.report import write_report
-    from pipeline.inference import DeviceSample
     from pipeline.supervise import free_port
 
     readings = iter([0.2, 0.4, 0.9, 0.9, 0.9] + [0.5] * 1000)
@@ -225,8 +224,8 @@ def test_sampler_averages_the_gpu_over_each_phase_alone(tmp_path: Path) -> None:
     class StandIn:
         closed = False
 
-        def sample(self) -> DeviceSample:
-            return DeviceSample(100 * next(readings), 1, 2)
+        def utilisation(self) -> float:
+            return next(readings)
 
         def close(self) -> None:
             self.closed = True

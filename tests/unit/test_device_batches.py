@@ -14,7 +14,7 @@ import pytest
 from support.runtime import InstantBroker, LengthEngine, settle, submit
 
 from pipeline.client import request_bytes
-from pipeline.inference import DeviceSample, device_utilisation
+from pipeline.inference import device_utilisation
 from pipeline.settings import Settings
 from pipeline.worker import Incoming, Origin, Runtime
 
@@ -72,8 +72,8 @@ def test_nvml_is_read_when_it_answers_and_the_busy_fraction_otherwise() -> None:
         def __init__(self, pct: float | None) -> None:
             self.pct = pct
 
-        def sample(self) -> DeviceSample | None:
-            return None if self.pct is None else DeviceSample(self.pct, 1, 2)
+        def utilisation(self) -> float | None:
+            return None if self.pct is None else self.pct / 100
 
     def busy() -> float:
         return 0.8

@@ -451,6 +451,7 @@ def test_telemetry_is_none_on_cpu() -> None:
     telemetry = DeviceTelemetry("cpu")
     assert not telemetry.available
     assert telemetry.sample() is None
+    assert telemetry.utilisation() is None
     telemetry.close()
 
 
