@@ -317,7 +317,7 @@ class Scheduler(Generic[T]):
         # are in deadline order: past a deadline no request of any length misses,
         # none further on does.
         predict = self.controller.predict_ms
-        safe = now_ms + predict(max(draft.padded, self.shapes.seq_len(-1)))
+        safe = now_ms + predict(max(draft.padded, self.shapes.seq_buckets[-1]))
         hopeless = []
         for lane in self.lanes:
             if lane not in self.expire_lanes:
