@@ -24,6 +24,7 @@ from pipeline.settings.kafka import (
     Secret,
     TopicSettings,
 )
+from pipeline.settings.registry import RegistrySettings
 from pipeline.settings.scheduling import BreakerSettings, DegradeSettings, SchedulerSettings
 from pipeline.settings.serving import (
     BatchSettings,
@@ -50,6 +51,7 @@ __all__ = [
     "LogSettings",
     "MetricsSettings",
     "ModelSettings",
+    "RegistrySettings",
     "RetrySettings",
     "SchedulerSettings",
     "Secret",
@@ -75,6 +77,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "scheduler": SchedulerSettings,
     "degrade": DegradeSettings,
     "breaker": BreakerSettings,
+    "registry": RegistrySettings,
 }
 
 T = TypeVar("T")
@@ -127,6 +130,7 @@ class Settings:
     scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
     degrade: DegradeSettings = dataclasses.field(default_factory=DegradeSettings)
     breaker: BreakerSettings = dataclasses.field(default_factory=BreakerSettings)
+    registry: RegistrySettings = dataclasses.field(default_factory=RegistrySettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
