@@ -7,9 +7,12 @@ version (``schemas/*.avsc`` and ``schemas/history/*.avsc``) and resolve it to
 the current schema, so records written with an older version still decode.
 
 A request may also arrive as a UTF-8 JSON object with the schema's field
-names (:meth:`Codec.decode_json`); :meth:`Codec.decode_any` tells the
-encodings apart by their first bytes (``C3 01`` Avro single-object, ``{``
-JSON, ``00`` the Confluent Schema Registry's framing, not read here).
+names (:meth:`Codec.decode_json`), or in the Confluent Schema Registry's
+framing (:meth:`Codec.decode_registry`: ``00``, a 4-byte schema id, the Avro
+body; the writer schema comes from the registry, :mod:`pipeline.registry`);
+:meth:`Codec.decode_any` tells the encodings apart by their first bytes
+(``C3 01`` Avro single-object, ``{`` JSON, ``00`` registry).
+
 
 Promises: ``decode`` and ``decode_any`` either return a dict valid for the
 current schema or raise :class:`~pipeline.errors.DecodeError` (bytes that are
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,10 +33,11 @@ from typing import Any
 
 import fastavro
 import fastavro.schema
+from fastavro._read_common import SchemaResolutionError
 
 from pipeline.codec_json import json_record
 from pipeline.codec_writer import compile_writer
-from pipeline.errors import DecodeError
+from pipeline.errors import DecodeError, SchemaMismatch
 
 __all__ = [
     "MARKER",
@@ -110,16 +114,23 @@ class Codec:
         history = [_load_schema(p) for p in sorted((schema_dir / "history").glob(f"{name}.*.avsc"))]
         return cls(current, history)
 
-    def encode(self, record: Mapping[str, Any], schema: SchemaVersion | None = None) -> bytes:
-        """Single-object encode ``record`` with ``schema`` (default: the current one)."""
+    def encode(
+        self,
+        record: Mapping[str, Any],
+        schema: SchemaVersion | None = None,
+        *,
+        header: bytes | None = None,
+    ) -> bytes:
+        """Single-object encode ``record`` with ``schema`` (default: the current one).
+        ``header`` replaces the single-object header (the Confluent framing's, say:
+        :func:`pipeline.registry.frame_header` of the current schema's id)."""
         schema = schema or self.current
         if self._writer is not None and schema is self.current:
-            out = bytearray(self._header)
+            out = bytearray(self._header if header is None else header)
             self._writer(out, record)
             return bytes(out)
         buf = io.BytesIO()
-        buf.write(MARKER)
-        buf.write(schema.fingerprint)
+        buf.write(MARKER + schema.fingerprint if header is None else header)
         fastavro.schemaless_writer(buf, schema.parsed, dict(record))
         return buf.getvalue()
 
@@ -169,18 +180,61 @@ class Codec:
         """
         return json_record(bytes(data), self.current.parsed)
 
-    def decode_any(self, data: bytes | bytearray | memoryview | None) -> dict[str, Any]:
-        """Decode Avro single-object or JSON, told apart by the first bytes."""
+    def decode_registry(self, data: bytes, writer_of: Callable[[int], Any]) -> dict[str, Any]:
+        """Decode a Confluent-framed record into the current schema's shape.
+
+        ``writer_of(schema_id)`` gives the writer's parsed schema (or raises
+        DecodeError, e.g. :class:`~pipeline.errors.UnknownSchemaId`). Raises
+        SchemaMismatch when the writer's schema cannot be read as the current one,
+        DecodeError for a body that does not decode or leaves bytes over.
+        """
+        from pipeline.registry import FRAME_LEN, split_frame
+
+        schema_id = split_frame(data)
+        writer = writer_of(schema_id)
+        body = io.BytesIO(data)
+        body.seek(FRAME_LEN)
+        try:
+            record = fastavro.schemaless_reader(body, writer, self.current.parsed)
+        except SchemaResolutionError as exc:
+            raise SchemaMismatch(
+                f"writer schema {schema_id} cannot be read as this worker's "
+                f"{self.current.name}: {exc}"
+            ) from exc
+        except Exception as exc:  # fastavro raises many types on corrupt input
+            raise DecodeError(
+                f"corrupt {self.current.name} body (writer schema {schema_id}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if body.tell() != len(data):
+            raise DecodeError(
+                f"{len(data) - body.tell()} trailing bytes after {self.current.name} "
+                f"(writer schema {schema_id})"
+            )
+        if not isinstance(record, dict):
+            raise DecodeError(f"{self.current.name} did not decode to a record")
+        return record
+
+    def decode_any(
+        self,
+        data: bytes | bytearray | memoryview | None,
+        writer_of: Callable[[int], Any] | None = None,
+    ) -> dict[str, Any]:
+        """Decode Avro single-object, JSON or (given ``writer_of``, see
+        :meth:`decode_registry`) Confluent-framed Avro, told apart by the first bytes."""
         if data is not None:
             head = bytes(data[:1])
             if head == b"{":
                 return self.decode_json(data)
             if head == b"\x00":
-                raise DecodeError(
-                    "Confluent Schema Registry framing (magic byte 00): this worker reads "
-                    "Avro single-object encoding (C3 01) and JSON objects only"
-                )
+                if writer_of is None:
+                    raise DecodeError(
+                        "Confluent Schema Registry framing (magic byte 00), and no registry "
+                        "is configured here (PIPELINE_REGISTRY_URL)"
+                    )
+                return self.decode_registry(bytes(data), writer_of)
         return self.decode(data)
+
 
 
 @cache

@@ -5,14 +5,19 @@
     PipelineError
     ├── PermanentError          the input can never succeed: dead-letter it now
     │   ├── DecodeError         bytes are not a record we know (stage "decode")
+    │   │   ├── UnknownSchemaId     Confluent framing: the registry has no schema by that id
+    │   │   └── SchemaMismatch      the writer's schema cannot be read as the reader's
     │   ├── ValidationError     a record that breaks a rule (stage "validate")
     │   └── ExpiredError        its deadline passed before it could run (stage "expired")
     ├── RetryableError          worth another try, with backoff, a bounded number of times
     │   ├── InferenceError      the model raised on an input (stage "infer" once out of tries)
     │   │   └── CircuitOpenError  the model's breaker is open: it was not called (stage "infer")
-    │   └── PublishError        the broker did not acknowledge a result (stage "publish")
-    │       └── PublishRejected   refused for good (too large, not authorised, invalid):
-    │                             the record was surely not written; dead-letter the input
+    │   ├── PublishError        the broker did not acknowledge a result (stage "publish")
+    │   │   └── PublishRejected   refused for good (too large, not authorised, invalid):
+    │   │                         the record was surely not written; dead-letter the input
+    │   └── RegistryUnavailable   the Schema Registry did not answer (down, slow, refusing
+    │                             us): not the input's fault; its records wait, never
+    │                             dead-lettered for it
     ├── AnswerPathFailure       a record's fate is unknown (timed out) or the producer is
     │                           broken: stop the worker; the input stays uncommitted
     └── ConfigurationError      settings or environment that cannot work; says what to do
@@ -38,7 +43,10 @@ __all__ = [
     "PipelineError",
     "PublishError",
     "PublishRejected",
+    "RegistryUnavailable",
     "RetryableError",
+    "SchemaMismatch",
+    "UnknownSchemaId",
     "ValidationError",
 ]
 
@@ -58,6 +66,16 @@ class DecodeError(PermanentError):
     """The bytes are not a single-object-encoded record of a known schema."""
 
     stage = "decode"
+
+
+class UnknownSchemaId(DecodeError):
+    """A Confluent-framed record names a schema id the registry does not know (or
+    a schema this worker cannot read: not Avro, or with references)."""
+
+
+class SchemaMismatch(DecodeError):
+    """The writer's schema (from the registry) cannot be resolved to the reader's:
+    the producer's schema is not compatible with this worker's."""
 
 
 class ValidationError(PermanentError):
@@ -106,6 +124,13 @@ class PublishRejected(PublishError):
     with a dead letter cannot also leave a result behind."""
 
     stage = "publish"
+
+
+class RegistryUnavailable(RetryableError):
+    """The Schema Registry did not answer as a registry: unreachable, timed out, a
+    server error, or credentials refused. Not the input's fault: never dead-lettered."""
+
+    stage = "decode"
 
 
 class AnswerPathFailure(PipelineError):

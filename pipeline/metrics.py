@@ -120,7 +120,17 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "garbage-collection pauses by generation (every Python thread stands still)",
     ),
     "pipeline_model": ("info", "the model this worker serves"),
+    "pipeline_registry_waiting_schemas": (
+        "gauge",
+        "schema ids whose records wait because the Schema Registry does not answer",
+    ),
+    "pipeline_registry_lookups": (
+        "counter",
+        "writer-schema lookups in the Schema Registry, by outcome (found, unknown, unavailable)",
+    ),
 }
+
+REGISTRY_OUTCOMES = ("found", "unknown", "unavailable")
 
 
 class PipelineMetrics:
@@ -196,6 +206,8 @@ class PipelineMetrics:
         self._lag = gauge("pipeline_consumer_lag", ["topic", "partition"])
         self._breaker = gauge("pipeline_breaker_state", ["state"])
         self._shed = gauge("pipeline_shed_level")
+        self._registry_waiting = gauge("pipeline_registry_waiting_schemas")
+        self._registry_lookups = counter("pipeline_registry_lookups", ["outcome"])
         self._model = Info("pipeline_model", h["pipeline_model"], registry=r)
         self._lock = threading.Lock()  # guards the breaker's one-hot update
         # Labelled children by (family, label values): ``labels()`` costs a few
@@ -225,6 +237,8 @@ class PipelineMetrics:
             self._budget_changes.labels(direction=direction)
         for generation in ("0", "1", "2"):
             self._gc_pause.labels(generation=generation)
+        for outcome in REGISTRY_OUTCOMES:
+            self._registry_lookups.labels(outcome=outcome)
 
     def _child(self, family: Any, *values: str) -> Any:
         """``family.labels(*values)``, looked up once per label set."""
@@ -357,6 +371,14 @@ class PipelineMetrics:
     def shed_level(self, level: int) -> None:
         """Load shedding is now at ``level`` (0 normal .. 3, see scheduling/degrade.py)."""
         self._shed.set(level)
+
+    def registry_lookup(self, outcome: str) -> None:
+        """One writer-schema lookup ended: ``found``, ``unknown`` or ``unavailable``."""
+        self._registry_lookups.labels(outcome=outcome).inc()
+
+    def registry_waiting(self, schema_ids: int) -> None:
+        """How many schema ids' records wait for a registry that does not answer."""
+        self._registry_waiting.set(schema_ids)
 
     def model(self, name: str, version: str, device: str, task: str) -> None:
         """What this worker serves, as labels of ``pipeline_model_info``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from pipeline.codec import HEADER_LEN, MARKER, request_codec
 from pipeline.dedupe import InputKeys, content_hash
@@ -56,13 +57,16 @@ def parse(
     limits: ValidationSettings,
     received_at_ms: int,
     keys: Callable[[str], str] | None = None,
+    writer_of: Callable[[int], Any] | None = None,
 ) -> Request:
     """Decode and validate one lane record (see the module's promise).
 
-    The record may be Avro single-object encoded or a JSON object (told apart by
-    its first bytes, :meth:`pipeline.codec.Codec.decode_any`); both are checked
-    by the same rules below. ``keys`` computes the dedupe key (the model's
-    :class:`~pipeline.dedupe.InputKeys`); without it texts dedupe only when equal.
+    The record may be Avro single-object encoded, a JSON object, or Avro in the
+    Confluent Schema Registry's framing (told apart by its first bytes,
+    :meth:`pipeline.codec.Codec.decode_any`; ``writer_of`` gives a registry
+    schema id's writer schema, :meth:`pipeline.worker.writer_schemas.WriterSchemas.writer`);
+    all are checked by the same rules below. ``keys`` computes the dedupe key (the
+    model's :class:`~pipeline.dedupe.InputKeys`); without it texts dedupe only when equal.
     """
     if value is not None and len(value) > limits.max_payload_bytes:
         raise ValidationError(
@@ -70,7 +74,7 @@ def parse(
             request_id=peek_request_id(value),
         )
     try:
-        record = request_codec().decode_any(value)
+        record = request_codec().decode_any(value, writer_of)
     except (DecodeError, ValidationError):
         raise
     except Exception as exc:  # belt and braces: nothing else may escape

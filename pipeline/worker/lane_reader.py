@@ -9,7 +9,9 @@ Between passes it yields to the event loop (the batch loop and the answers).
 
 Per record, in offset order per partition: its partition's start offset must
 be known (looked up once per assignment, :mod:`pipeline.worker.start_offsets`; the
-partition's records wait meanwhile, the other partitions' do not), the
+partition's records wait meanwhile, the other partitions' do not), so must the
+writer schema of a record in the Schema Registry's framing (looked up once per
+id, :mod:`pipeline.worker.writer_schemas`; the same wait), the
 record is checked against the next offset expected (:mod:`pipeline.worker.continuity`:
 a hole is sought back for, a second copy passed over), and the runtime takes
 it if its lane has room; a lane without room keeps its records buffered until
@@ -128,6 +130,10 @@ class LaneReader:
         tp = record.tp
         if not self.continuity.knows(tp):
             self._look_up(tp)
+            return SKIP
+        schema_id = runtime.schemas.wanted(record.value)
+        if schema_id is not None:  # registry-framed, its writer schema not known yet
+            runtime.schemas.look_up(schema_id, self.wake)
             return SKIP
         lane = self._lane_of[record.topic]
         if not runtime.has_room(lane, record_size(record)):

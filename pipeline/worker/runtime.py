@@ -45,6 +45,7 @@ from pipeline.worker.gates import LaneGates
 from pipeline.worker.intake import parse
 from pipeline.worker.records import Incoming, Work
 from pipeline.worker.repeats import Known, Repeats, StoreFn
+from pipeline.worker.writer_schemas import WriterSchemas
 
 __all__ = ["Runtime", "wall_ms"]
 
@@ -75,6 +76,7 @@ class Runtime:
         keys: Callable[[str], str] | None = None,
         on_room: Callable[[], None] | None = None,
         utilisation: Callable[[], float | None] | None = None,
+        schemas: WriterSchemas | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -85,6 +87,9 @@ class Runtime:
             stored if settings.dedupe.enabled else None, in_partition=store_in_context
         )
         self.metrics = metrics or PipelineMetrics(process_collectors=False)
+        #: Writer schemas of registry-framed records: the lane reader has each record's
+        #: looked up (``wanted``, ``look_up``) before :meth:`take` decodes it.
+        self.schemas = schemas or WriterSchemas(settings.registry, self.metrics)
         self._clock_ms = clock_ms
         self.model_id = settings.model.model_id
         # Dedupe keys (the model's ``keys``); without them texts dedupe only when equal.
@@ -181,6 +186,7 @@ class Runtime:
                 limits=self.settings.validation,
                 received_at_ms=now,
                 keys=self.keys,
+                writer_of=self.schemas.writer,
             )
         except PermanentError as exc:
             rid = getattr(exc, "request_id", None)
@@ -368,6 +374,7 @@ class Runtime:
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Let in-flight work finish for up to ``timeout_s``, then cancel the rest."""
+        self.schemas.close()
         if self._tasks:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
             for task in pending:
