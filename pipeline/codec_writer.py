@@ -45,7 +45,13 @@ def long_bytes(n: int) -> bytes:
 
 
 def _floats(values: Any) -> bytes:
-    """An array of floats as fastavro writes it: one block of all items, then 0."""
+    """An array of floats as fastavro writes it: one block of all items, then 0.
+
+    ``values`` may be float32 little-endian bytes (a model's embedding): Avro's
+    float is those same 4 bytes, so they are copied as they are."""
+    if isinstance(values, bytes | bytearray | memoryview):
+        n = len(values) // 4
+        return long_bytes(n) + bytes(values) + b"\x00" if n else b"\x00"
     n = len(values)
     if not n:
         return b"\x00"

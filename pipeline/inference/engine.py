@@ -177,7 +177,11 @@ class InferenceEngine:
             deadline = None if timeout is None else time.monotonic() + timeout
             for thread in threads:
                 thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
+        stopped = not any(t.is_alive() for t in threads)
+        close = getattr(self.model, "close", None)  # a model process (process.py)
+        if stopped and callable(close):
+            close()
+        return stopped
 
     @property
     def thread_ident(self) -> int | None:
@@ -232,7 +236,7 @@ class InferenceEngine:
         while the CPU tokenises and copies. On a CPU both stages share the cores (no gain
         beyond noise, README "Pipelining and threads"), and a realtime request arriving
         meanwhile would wait behind the batch formed early as well as the running one."""
-        return str(getattr(self.model, "device", "cpu")).startswith("cuda")
+        return bool(getattr(self.model, "accelerated", False))
 
     def stats(self) -> EngineStats:
         """Batches, items, failed items and model calls so far."""

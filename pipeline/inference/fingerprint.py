@@ -3,7 +3,8 @@
 :func:`model_fingerprint` hashes everything that changes a model's answer to a
 text: the files of the model folder (weights, config, tokenizer), the task and
 how its output is formed (pooling, normalisation), the effective token limit,
-the device kind (CUDA runs under autocast, a CPU in float32), the
+the device kind and the weights' dtype (float32 unless ``PIPELINE_MODEL_DTYPE``
+or a CUDA device says otherwise; the simulated device's profile), the
 transformers/tokenizers/torch versions that run it, and the configured
 ``name@version``. Dedupe keys include it (:class:`pipeline.dedupe.InputKeys`),
 so new weights at the same path, an upgraded model package or library,
@@ -96,6 +97,7 @@ def model_fingerprint(
     max_length: int,
     device_type: str,
     folder: Path | None,
+    dtype: str = "float32",
 ) -> str:
     """A hex digest of everything that changes the model's answer (see the module's promise).
 
@@ -108,6 +110,8 @@ def model_fingerprint(
         f"max_length={max_length}",
         f"device={device_type}",
     ]
+    if dtype != "float32":  # float32 keys stay those of before the dtype was a setting
+        parts.append(f"dtype={dtype}")
     if folder is not None:
         parts.append(f"files={files_digest(folder)}")
         parts += [f"{lib}={_version(lib)}" for lib in _LIBRARIES]

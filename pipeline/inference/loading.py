@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -51,6 +52,8 @@ def default_model_path() -> str:
 
 
 def _resolve_device(requested: str) -> torch.device:
+    if requested == "sim":  # the simulated accelerator: the host's CPU does the rest
+        return torch.device("cpu")
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if requested == "cpu":
@@ -63,7 +66,7 @@ def _resolve_device(requested: str) -> torch.device:
             )
         return torch.device(requested)
     raise ConfigurationError(
-        f"PIPELINE_MODEL_DEVICE={requested!r}: expected auto, cpu, cuda or cuda:N"
+        f"PIPELINE_MODEL_DEVICE={requested!r}: expected auto, cpu, cuda, cuda:N or sim"
     )
 
 
@@ -106,7 +109,29 @@ def check_model_settings(settings: ModelSettings) -> tuple[torch.device, Path, s
     return device, folder, hint
 
 
-def load_model(settings: ModelSettings) -> Model | NoopModel:
+def uses_process(settings: ModelSettings) -> bool:
+    """Whether ``settings`` run the network in a process of its own (``process``;
+    auto: on for cuda and sim, off for a CPU and for the no-op model)."""
+    if settings.task == "noop" or settings.process == "off":
+        return False
+    if settings.process == "on":
+        return True
+    if settings.device == "sim" or settings.device.startswith("cuda"):
+        return True
+    return settings.device == "auto" and torch.cuda.is_available()
+
+
+def resolve_dtype(settings: ModelSettings, device: torch.device) -> torch.dtype:
+    """The weights' dtype: ``settings.dtype``; auto is bfloat16 on a CUDA device that
+    supports it (float16 otherwise) and float32 on a CPU."""
+    if settings.dtype != "auto":
+        return getattr(torch, settings.dtype)  # type: ignore[no-any-return]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(settings: ModelSettings) -> Model | NoopModel | Any:
     """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
 
     Task ``noop`` loads nothing and returns a :class:`NoopModel`.
@@ -136,8 +161,14 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
             keys=InputKeys(fingerprint),
         )
     device, folder, hint = check_model_settings(settings)
+    if uses_process(settings):
+        from pipeline.inference.process import RemoteModel
+
+        return RemoteModel.start(settings)
     apply_thread_budget(settings)
     _quiet_imports()
+    if settings.device == "sim":
+        return _load_sim(settings, folder, hint)
 
     import transformers
 
@@ -170,7 +201,8 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
             f"{', '.join(missing[:4])}); use task 'embed' or a sequence-classification model"
         )
     network.eval()
-    network.to(device)
+    dtype = resolve_dtype(settings, device)
+    network.to(device=device, dtype=dtype)
     runnable: Any = network
     if settings.trace == "on" or (settings.trace == "auto" and device.type == "cpu"):
         output = "last_hidden_state" if settings.task == "embed" else "logits"
@@ -192,6 +224,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         max_length=max_length,
         device_type=device.type,
         folder=folder,
+        dtype=str(dtype).removeprefix("torch."),
     )
     return Model(
         name=name,
@@ -204,6 +237,52 @@ def load_model(settings: ModelSettings) -> Model | NoopModel:
         fail_on=settings.fail_on,
         padding=settings.padding,
         keys=InputKeys(fingerprint, tokenizer),
+        fingerprint=fingerprint,
+    )
+
+
+def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Any:
+    """The simulated device (:mod:`.sim`): the folder's real tokenizer, no network."""
+    import transformers
+
+    from pipeline.inference.sim import PROFILES, SimModel
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(folder), use_fast=True, local_files_only=True
+        )
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot load model folder {str(folder)!r}: {type(exc).__name__}: {exc}; {hint}"
+        ) from exc
+    max_length = settings.max_length
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        max_length = min(max_length, positions)
+    name = _derive_name(settings, folder)
+    fingerprint = model_fingerprint(
+        model_id=f"{name}@{settings.version}",
+        task=settings.task,
+        max_length=max_length,
+        device_type="sim",
+        folder=folder,
+        dtype=f"sim-{settings.sim_profile}",
+    )
+    return SimModel(
+        profile=PROFILES[settings.sim_profile],
+        device_file=settings.sim_path,
+        name=name,
+        version=settings.version,
+        task=settings.task,
+        device=torch.device("cpu"),
+        tokenizer=tokenizer,
+        network=SimpleNamespace(config=config),  # no network: its config names the labels
+        max_length=max_length,
+        fail_on=settings.fail_on,
+        padding="bucket" if settings.padding == "auto" else settings.padding,
+        keys=InputKeys(fingerprint, tokenizer),
+        fingerprint=fingerprint,
     )
 
 

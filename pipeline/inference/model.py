@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import struct
 import threading
+import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline.dedupe import InputKeys
@@ -43,6 +45,7 @@ from pipeline.inference.batch_tokenizer import BatchTokenizer
 __all__ = [
     "TASKS",
     "Encoded",
+    "ForwardTiming",
     "Model",
     "NoopModel",
     "Prediction",
@@ -53,15 +56,54 @@ TASKS: tuple[str, ...] = ("embed", "classify", "noop")
 
 #: What the ``noop`` task answers for every text (unit length, like a real embedding).
 NOOP_EMBEDDING: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
+_NOOP_BYTES = struct.pack("<4f", *NOOP_EMBEDDING)
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """What the model says about one text: an embedding, or a label and its score."""
+    """What the model says about one text: an embedding, or a label and its score.
 
-    embedding: list[float] | None = None
+    A model's ``embedding`` is the vector as float32 little-endian bytes (Avro's
+    float is the same 4 bytes), so it reaches the result's encoder without ever
+    becoming Python floats; a list of floats is accepted too (test stand-ins).
+    :meth:`floats` reads either.
+    """
+
+    embedding: bytes | list[float] | None = None
     label: str | None = None
     score: float | None = None
+
+    def floats(self) -> list[float]:
+        """The embedding as Python floats (for display and tests); ValueError if none."""
+        if self.embedding is None:
+            raise ValueError("this prediction has no embedding")
+        if isinstance(self.embedding, list):
+            return self.embedding
+        return list(struct.unpack(f"<{len(self.embedding) // 4}f", self.embedding))
+
+
+class ForwardTiming:
+    """What forwards cost on the model's side, summed: wall seconds, and the seconds
+    spent waiting for the interpreter lock where the model can tell (the simulated
+    device; ``None`` otherwise). Thread-safe; read with :meth:`totals`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forward_s = 0.0
+        self._lock_wait_s: float | None = None
+        self._calls = 0
+
+    def add(self, forward_s: float, lock_wait_s: float | None) -> None:
+        with self._lock:
+            self._forward_s += forward_s
+            self._calls += 1
+            if lock_wait_s is not None:
+                self._lock_wait_s = (self._lock_wait_s or 0.0) + lock_wait_s
+
+    def totals(self) -> tuple[int, float, float | None]:
+        """(forwards, their wall seconds, lock-wait seconds or None) so far."""
+        with self._lock:
+            return self._calls, self._forward_s, self._lock_wait_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +122,7 @@ class Encoded:
     n_tokens: int
     padded_tokens: int
     ready: Any = None
+    handle: int | None = None  # a batch prepared in the model process (process.py)
 
     @property
     def padding_ratio(self) -> float:
@@ -105,11 +148,15 @@ class Model:
         fail_on: str = "",
         padding: str = "longest",
         keys: Callable[[str], str] | None = None,
+        fingerprint: str = "",
     ) -> None:
         self.name = name
+        #: What the dedupe keys cover (:func:`~.fingerprint.model_fingerprint`).
+        self.fingerprint = fingerprint
         self.version = version
         self.task = task
         self.device = device
+        self.timing = ForwardTiming()
         self.max_length = max_length
         self._tokenizer = tokenizer
         self._tokenizer_lock = threading.Lock()
@@ -121,13 +168,10 @@ class Model:
         self.padding = padding
         self._pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
         self._pad_left = getattr(tokenizer, "padding_side", "right") == "left"
-        self._autocast_dtype: torch.dtype | None = None
         self._copy_stream: Any = None
         if device.type == "cuda":
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            bf16 = torch.cuda.is_bf16_supported()
-            self._autocast_dtype = torch.bfloat16 if bf16 else torch.float16
-        id2label = getattr(network.config, "id2label", None) or {}
+        id2label = getattr(getattr(network, "config", None), "id2label", None) or {}
         self._labels: dict[int, str] = {int(k): str(v) for k, v in id2label.items()}
         #: Dedupe key of a text (:class:`~pipeline.dedupe.InputKeys`; ``load_model`` sets
         #: one over the model's fingerprint and tokenizer; the default keys texts exactly).
@@ -140,6 +184,17 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.model_id!r}, task={self.task!r}, device={str(self.device)!r})"
+
+    @property
+    def kind(self) -> str:
+        """What computes: ``cpu``, ``cuda`` (or ``sim``, :class:`~.sim.SimModel`)."""
+        return str(self.device.type)
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether an accelerator computes (CUDA, or the simulated device): it works
+        while the host prepares the next batch, and wants big batches."""
+        return self.kind in ("cuda", "sim")
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model will see for ``text``: special tokens included, truncated."""
@@ -215,25 +270,22 @@ class Model:
             stream.wait_event(enc.ready)
             for tensor in enc.tensors.values():
                 tensor.record_stream(stream)
+        t0 = time.perf_counter()
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
         n = len(enc.texts)  # padding rows, if any, come after the texts
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode():
             output = self._network(**inputs)
             if self.task == "embed":
                 preds = self._embed(output.last_hidden_state[:n], inputs["attention_mask"][:n])
             else:
                 preds = self._classify(output.logits[:n])
         assert len(preds) == len(enc.texts), "one prediction per text"
+        self.timing.add(time.perf_counter() - t0, None)
         return preds
 
     def predict(self, texts: list[str]) -> list[Prediction]:
         """``forward(tokenize(texts))``."""
         return self.forward(self.tokenize(texts))
-
-    def _autocast(self) -> AbstractContextManager[Any]:
-        if self._autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(device_type="cuda", dtype=self._autocast_dtype)
 
     @staticmethod
     def _embed(hidden: torch.Tensor, mask: torch.Tensor) -> list[Prediction]:
@@ -241,7 +293,8 @@ class Model:
         summed = (hidden.to(torch.float32) * weights).sum(dim=1)
         pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
         normed = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return [Prediction(embedding=row) for row in normed.cpu().tolist()]
+        rows = np.ascontiguousarray(normed.cpu().numpy(), dtype="<f4")  # one copy back
+        return [Prediction(embedding=row.tobytes()) for row in rows]
 
     def _classify(self, logits: torch.Tensor) -> list[Prediction]:
         probs = torch.softmax(logits.to(torch.float32), dim=-1)
@@ -271,6 +324,9 @@ class NoopModel:
         self.version = version
         self.task = "noop"
         self.device = torch.device("cpu")
+        self.kind = "cpu"
+        self.accelerated = False
+        self.timing = ForwardTiming()
         self.max_length = max_length
         self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
 
@@ -297,7 +353,7 @@ class NoopModel:
         )
 
     def forward(self, enc: Encoded) -> list[Prediction]:
-        return [Prediction(embedding=list(NOOP_EMBEDDING)) for _ in enc.texts]
+        return [Prediction(embedding=_NOOP_BYTES) for _ in enc.texts]
 
     def predict(self, texts: list[str]) -> list[Prediction]:
         return self.forward(self.tokenize(texts))

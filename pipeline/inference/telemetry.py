@@ -10,9 +10,16 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DeviceSample", "DeviceTelemetry", "device_utilisation"]
+__all__ = [
+    "DeviceSample",
+    "DeviceTelemetry",
+    "SimTelemetry",
+    "device_utilisation",
+    "telemetry_for",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +117,45 @@ class DeviceTelemetry:
             self._handle = None
 
 
+class SimTelemetry:
+    """The simulated device's own busy counter read as a GPU's utilisation
+    (:class:`~pipeline.inference.sim.SimDevice`); no memory readings."""
+
+    def __init__(self, path: Path) -> None:
+        from pipeline.inference.sim import SimDevice
+
+        self._device: Any = SimDevice(path)
+        self._lock = threading.Lock()
+
+    @property
+    def available(self) -> bool:
+        return self._device is not None
+
+    def utilisation(self) -> float | None:
+        with self._lock:
+            return None if self._device is None else float(self._device.utilisation())
+
+    def sample(self) -> DeviceSample | None:
+        util = self.utilisation()
+        return None if util is None else DeviceSample(util * 100, 0, 0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._device is not None:
+                self._device.close()
+            self._device = None
+
+
+def telemetry_for(model: Any, sim_path: Path) -> DeviceTelemetry | SimTelemetry:
+    """The telemetry of ``model``'s device: the simulated device's counter for
+    ``device=sim``, NVML for a GPU (none on a CPU: readings are None)."""
+    if getattr(model, "kind", "") == "sim":
+        return SimTelemetry(sim_path)
+    return DeviceTelemetry(model.device)
+
+
 def device_utilisation(
-    telemetry: DeviceTelemetry | None, busy: Callable[[], float]
+    telemetry: DeviceTelemetry | SimTelemetry | None, busy: Callable[[], float]
 ) -> Callable[[], float]:
     """The utilisation (0..1) the batch-size controller grows the budget on: NVML's
     reading of the GPU when ``telemetry`` can take one, else ``busy`` (the inference

@@ -24,6 +24,15 @@ PADDINGS: tuple[str, ...] = ("auto", "longest", "bucket", "shape")
 #: Whether the network runs as a TorchScript trace (``ModelSettings.trace``).
 TRACES: tuple[str, ...] = ("auto", "on", "off")
 
+#: Whether the network runs in a process of its own (``ModelSettings.process``).
+PROCESSES: tuple[str, ...] = ("auto", "on", "off")
+
+#: The weights' dtype (``ModelSettings.dtype``).
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+
+#: What a simulated device costs the host (``pipeline.inference.sim.PROFILES``).
+SIM_PROFILES: tuple[str, ...] = ("eager", "traced", "graphed", "slow")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
@@ -37,7 +46,43 @@ class ModelSettings:
         "embed (mean-pooled, L2-normalised), classify (label, score), or noop (no model: a "
         "fixed tiny embedding, to measure the pipeline's own cost)",
     )
-    device: str = _field("auto", "auto, cpu or cuda")
+    device: str = _field(
+        "auto",
+        "auto, cpu, cuda, or sim: a simulated accelerator (the real tokenizer and padding, "
+        "the network replaced by what a GPU costs the host; a benchmark instrument whose "
+        "embeddings are meaningless, see docs/design.md)",
+    )
+    dtype: str = _field(
+        "auto",
+        "weights' dtype: float32, bfloat16, float16; auto: bfloat16 on a CUDA device that "
+        "supports it (else float16), float32 on a CPU. Part of the stored results' key",
+    )
+    process: str = _field(
+        "auto",
+        "on: the network runs in a process of its own (its interpreter lock is the model's "
+        "alone; the worker supervises it); off: on the worker's inference thread; auto: on "
+        "for cuda and sim, off for a CPU",
+    )
+    process_timeout_s: float = _field(
+        60.0,
+        "longest one call into the model process may take before the process is "
+        "deemed hung, killed and restarted (the batch fails into the retry path)",
+    )
+    process_restarts: int = _field(
+        5,
+        "restarts of a dead model process allowed within 10 minutes; past them a batch "
+        "fails at once (the circuit breaker opens) until the window has room again",
+    )
+    sim_profile: str = _field(
+        "eager",
+        "device=sim: what a forward costs the host: eager (~250 lock round trips), traced "
+        "(1), graphed (~10), slow (a device slower than the pipeline); see docs/design.md",
+    )
+    sim_file: str = _field(
+        "",
+        "device=sim: the file that makes every process on the host share one simulated "
+        "device (a lock and a busy-time counter); empty: ~/.cache/pipeline/sim-device",
+    )
     max_length: int = _field(256, "tokens per text; longer texts are truncated")
     torch_threads: int = _field(
         0, "torch intra-op threads; 0 means cores - 1 (at least 1): the event loop keeps a core"
@@ -71,11 +116,28 @@ class ModelSettings:
             problems.append(f"PADDING={self.padding!r}: expected one of {', '.join(PADDINGS)}")
         if self.trace not in TRACES:
             problems.append(f"TRACE={self.trace!r}: expected one of {', '.join(TRACES)}")
+        if self.process not in PROCESSES:
+            problems.append(f"PROCESS={self.process!r}: expected one of {', '.join(PROCESSES)}")
+        if self.dtype not in DTYPES:
+            problems.append(f"DTYPE={self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.sim_profile not in SIM_PROFILES:
+            problems.append(
+                f"SIM_PROFILE={self.sim_profile!r}: expected one of {', '.join(SIM_PROFILES)}"
+            )
+        if self.process_timeout_s <= 0:
+            problems.append(f"PROCESS_TIMEOUT_S={self.process_timeout_s}: must be > 0")
+        if self.process_restarts < 0:
+            problems.append(f"PROCESS_RESTARTS={self.process_restarts}: must be >= 0")
         for name in ("torch_threads", "torch_interop_threads", "tokenizer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.upper()}={getattr(self, name)}: must be >= 0")
         if problems:
             raise ConfigurationError("PIPELINE_MODEL_" + "; PIPELINE_MODEL_".join(problems))
+
+    @property
+    def sim_path(self) -> Path:
+        """The simulated device's shared file (``sim_file``, else the default)."""
+        return Path(self.sim_file or "~/.cache/pipeline/sim-device").expanduser()
 
     @property
     def display_name(self) -> str:

@@ -76,8 +76,8 @@ def test_embeddings_match_direct_transformers(minilm: Model) -> None:
     assert len(got) == len(TEXTS)
     for pred, want in zip(got, expected, strict=True):
         assert pred.embedding is not None and pred.label is None and pred.score is None
-        assert len(pred.embedding) == 384
-        assert cosine(pred.embedding, want) >= 0.999
+        assert len(pred.floats()) == 384
+        assert cosine(pred.floats(), want) >= 0.999
 
 
 def test_embeddings_match_sentence_transformers(minilm: Model) -> None:
@@ -87,13 +87,13 @@ def test_embeddings_match_sentence_transformers(minilm: Model) -> None:
     expected = st.encode(TEXTS, convert_to_numpy=True)
     for pred, want in zip(minilm.predict(TEXTS), expected, strict=True):
         assert pred.embedding is not None
-        assert cosine(pred.embedding, want.tolist()) >= 0.999
+        assert cosine(pred.floats(), want.tolist()) >= 0.999
 
 
 def test_embeddings_are_unit_length(minilm: Model) -> None:
     for pred in minilm.predict(TEXTS):
         assert pred.embedding is not None
-        assert abs(float(torch.tensor(pred.embedding).norm()) - 1.0) < 1e-4
+        assert abs(float(torch.tensor(pred.floats()).norm()) - 1.0) < 1e-4
 
 
 def test_batch_equals_single(minilm: Model) -> None:
@@ -101,7 +101,7 @@ def test_batch_equals_single(minilm: Model) -> None:
     for text, together in zip(TEXTS, batch, strict=True):
         (alone,) = minilm.predict([text])
         assert together.embedding is not None and alone.embedding is not None
-        assert cosine(together.embedding, alone.embedding) >= 0.999
+        assert cosine(together.floats(), alone.floats()) >= 0.999
 
 
 def test_tokenize_counts_real_and_padded_tokens(minilm: Model) -> None:
@@ -188,7 +188,7 @@ def test_explicit_name_and_version(tiny_dir: Path) -> None:
     model = load_model(ModelSettings(path=str(tiny_dir), name="tiny", version="7"))
     assert model.model_id == "tiny@7"
     (pred,) = model.predict(["good movie"])
-    assert pred.embedding is not None and len(pred.embedding) == 16
+    assert pred.embedding is not None and len(pred.floats()) == 16
 
 
 def test_fail_on_isolates_failing_input(tiny_dir: Path) -> None:
@@ -470,7 +470,7 @@ def test_engine_runs_the_real_model_and_times_its_stages_within_the_call(
     for outcome, direct in zip(result.outcomes, minilm.predict(TEXTS), strict=True):
         assert outcome.prediction is not None and outcome.prediction.embedding is not None
         assert direct.embedding is not None
-        assert cosine(outcome.prediction.embedding, direct.embedding) >= 0.999
+        assert cosine(outcome.prediction.floats(), direct.floats()) >= 0.999
     # Both stages were measured, and they happened inside the call.
     assert result.inference_ms > 0 and result.tokenize_ms > 0
     assert result.tokenize_ms + result.inference_ms <= elapsed_ms

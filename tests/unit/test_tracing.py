@@ -28,7 +28,7 @@ TEXTS = [
 
 def _embeddings(model: object, texts: list[str]) -> torch.Tensor:
     preds = model.predict(texts)  # type: ignore[attr-defined]
-    return torch.tensor([p.embedding for p in preds])
+    return torch.tensor([p.floats() for p in preds])
 
 
 @pytest.mark.slow  # loads the real MiniLM twice

@@ -1,0 +1,187 @@
+"""A simulated accelerator: what a GPU forward costs the host, on any machine.
+
+A benchmark instrument, never a stand-in for the model in tests of results: its
+embeddings are one fixed unit vector. It keeps the real tokenizer and padding
+(:class:`SimModel` is a :class:`~.model.Model` whose network is replaced) and
+costs the host what a CUDA forward does, in three phases (docs/design.md,
+"The simulated device", says how the profiles were calibrated):
+
+1. **launch**: ``launches`` calls of ``launch_us`` of Python work each (the
+   interpreter lock held), every one followed by a wait that drops and re-takes
+   the lock (a zero-timeout ``select``; ``time.sleep`` where ``native_us`` is
+   set), as torch's bindings do around each kernel launch;
+2. **device**: ``fixed_ms + per_token_ns x padded tokens`` waited without the
+   lock, holding the host's one simulated device (a file lock shared by every
+   process on the host; the time is added to a busy counter in the same file);
+3. **readback**: rows x ``dim`` float32 copied out, once per batch.
+
+Promise: :attr:`SimModel.timing` counts, per forward, the wall time and the
+part of the launch phase spent beyond what the same launches took alone
+(measured at construction): the time waiting for the interpreter lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import select
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import InferenceError
+from pipeline.inference.model import Encoded, Model, Prediction
+
+__all__ = ["PROFILES", "SimDevice", "SimModel", "SimProfile"]
+
+_COUNTER = struct.Struct("<q")  # busy nanoseconds, at offset 0 of the device file
+
+
+@dataclasses.dataclass(frozen=True)
+class SimProfile:
+    """What one forward costs the host (see the module's phases)."""
+
+    name: str
+    launches: int
+    launch_us: float
+    native_us: float  # per launch, waited without the lock (0: sleep(0), a bare round trip)
+    fixed_ms: float
+    per_token_ns: float
+    dim: int = 384
+
+
+#: The profiles of ``PIPELINE_MODEL_SIM_PROFILE``. eager/traced/graphed share the
+#: device phase of all-MiniLM-L6-v2 on an H100/H200 class card (0.3 ms a batch,
+#: 90 ns a padded token: ~21 MFLOP a token at ~23 % of the dense bf16 peak); slow
+#: is a device slower than the pipeline (~2,000 short texts/s), where the model
+#: alone must decide the rate.
+PROFILES: dict[str, SimProfile] = {
+    "eager": SimProfile("eager", launches=250, launch_us=8.0, native_us=0.0,
+                        fixed_ms=0.3, per_token_ns=90.0),
+    "traced": SimProfile("traced", launches=1, launch_us=20.0, native_us=1000.0,
+                         fixed_ms=0.3, per_token_ns=90.0),
+    "graphed": SimProfile("graphed", launches=10, launch_us=10.0, native_us=0.0,
+                          fixed_ms=0.3, per_token_ns=90.0),
+    "slow": SimProfile("slow", launches=10, launch_us=10.0, native_us=0.0,
+                       fixed_ms=2.0, per_token_ns=20000.0),
+}  # fmt: skip
+
+
+def _spin(seconds: float) -> None:
+    """Python work for ``seconds``: the lock is held (and yielded only on request)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class SimDevice:
+    """The host's one simulated device: a file whose lock serialises every process's
+    device phase and whose first 8 bytes count the nanoseconds it was busy."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._local = threading.Lock()  # flock excludes processes, not threads
+        self._last: tuple[float, int] | None = None
+        self._util = 0.0
+
+    def run(self, seconds: float) -> float:
+        """Hold the device for ``seconds`` (waiting without the interpreter lock);
+        return the time spent queueing for it behind other processes."""
+        with self._local:
+            t0 = time.perf_counter()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            queued = time.perf_counter() - t0
+            try:
+                time.sleep(seconds)
+                busy = _COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]
+                os.pwrite(self._fd, _COUNTER.pack(busy + int(seconds * 1e9)), 0)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return queued
+
+    def busy_s(self) -> float:
+        """Seconds the device was busy, all processes together, since the file was made."""
+        return float(_COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]) / 1e9
+
+    def utilisation(self) -> float:
+        """Busy share of the device since the previous call at least 0.5 s ago (0..1)."""
+        now, busy = time.monotonic(), int(self.busy_s() * 1e9)
+        if self._last is None:
+            self._last = (now, busy)
+        elif now - self._last[0] >= 0.5:
+            then, before = self._last
+            self._util = min(1.0, max(0.0, (busy - before) / 1e9 / (now - then)))
+            self._last = (now, busy)
+        return self._util
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_busy_s(path: Path) -> float:
+    """The busy counter of the device file at ``path`` (0 when there is none yet)."""
+    try:
+        with path.open("rb") as f:
+            return float(_COUNTER.unpack(f.read(8).ljust(8, b"\0"))[0]) / 1e9
+    except FileNotFoundError:
+        return 0.0
+
+
+class SimModel(Model):
+    """A :class:`Model` whose network is the simulated device (``device=sim``)."""
+
+    def __init__(self, *, profile: SimProfile, device_file: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.profile = profile
+        self.sim_device = SimDevice(device_file)
+        self._rows = np.zeros((0, profile.dim), np.float32)
+        # The launch phase alone, per launch, on this host and this interpreter.
+        t0, n = time.perf_counter(), 200
+        for _ in range(n):
+            self._launch()
+        self._alone_s = (time.perf_counter() - t0) / n
+
+    @property
+    def kind(self) -> str:
+        return "sim"
+
+    def __repr__(self) -> str:
+        return f"SimModel({self.model_id!r}, task={self.task!r}, profile={self.profile.name!r})"
+
+    def _launch(self) -> None:
+        _spin(self.profile.launch_us / 1e6)
+        if self.profile.native_us:
+            time.sleep(self.profile.native_us / 1e6)
+        else:  # a bare drop and re-take of the lock (sleep(0) would add ~70 µs of timer slack)
+            select.select([], [], [], 0)
+
+    def forward(self, enc: Encoded) -> list[Prediction]:
+        """One prediction per text: launch, device, readback (see the module)."""
+        if self._fail_on is not None:
+            for text in enc.texts:
+                if self._fail_on.search(text):
+                    raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
+        p, n = self.profile, len(enc.texts)
+        t0 = time.perf_counter()
+        for _ in range(p.launches):
+            self._launch()
+        launch_s = time.perf_counter() - t0
+        self.sim_device.run(p.fixed_ms / 1e3 + p.per_token_ns * enc.padded_tokens / 1e9)
+        if self._rows.shape[0] < n:
+            self._rows = np.zeros((max(n, 2 * self._rows.shape[0]), p.dim), np.float32)
+            self._rows[:, 0] = 1.0
+        out = self._rows[:n].copy()  # the readback: rows x dim float32, once per batch
+        if self.task == "embed":
+            preds = [Prediction(embedding=row.tobytes()) for row in out]
+        else:
+            preds = [Prediction(label=self._labels.get(0, "LABEL_0"), score=1.0)] * n
+        wall = time.perf_counter() - t0
+        self.timing.add(wall, max(0.0, launch_s - p.launches * self._alone_s))
+        return preds
