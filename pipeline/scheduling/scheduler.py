@@ -88,7 +88,9 @@ class Scheduler(Generic[T]):
         expire_lanes: frozenset[str],
         controller: Controller,
         lanes: Iterable[str] = LANES,
+        accelerated: bool = False,
     ) -> None:
+        settings = settings.for_device(accelerated)  # max_items 0: auto
         self.settings = settings
         self.controller = controller
         self.expire_lanes = frozenset(expire_lanes)
