@@ -52,6 +52,17 @@ def cosine(a: list[float], b: list[float]) -> float:
 # -- the real model --------------------------------------------------------
 
 
+def test_half_precision_weights_stay_within_cosine_0999_of_float32(minilm: Model) -> None:
+    """bf16 weights (the CUDA default, PIPELINE_MODEL_DTYPE=auto) answer within 0.999
+    cosine of float32 on the test texts (checked here on the CPU, which computes bf16
+    too), and never share stored results with float32 (the fingerprint covers it)."""
+    half = load_model(ModelSettings(dtype="bfloat16", process="off"))
+    assert isinstance(half, Model)
+    assert half.fingerprint != minilm.fingerprint
+    for a, b in zip(half.predict(TEXTS), minilm.predict(TEXTS), strict=True):
+        assert cosine(a.floats(), b.floats()) >= 0.999
+
+
 def test_bundled_model_identity(minilm: Model) -> None:
     assert minilm.name == "all-MiniLM-L6-v2"
     assert minilm.version == "1"

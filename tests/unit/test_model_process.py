@@ -1,0 +1,139 @@
+"""The model in a process of its own (pipeline/inference/process.py), with a real
+(tiny) model in a real child process: the same answers as in the worker's own
+process, one outcome per text, and a child that dies or hangs never hangs the
+caller and is started again within its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigurationError, InferenceError
+from pipeline.inference import InferenceEngine, load_model
+from pipeline.inference.model import Model
+from pipeline.inference.process import ModelProcessError, RemoteModel
+from pipeline.settings import ModelSettings
+
+TEXTS = ["the movie is very good", "a bad film", "not good", "the films", "good"]
+
+
+@pytest.fixture
+def remote(tiny_dir: Path) -> Iterator[RemoteModel]:
+    model = load_model(ModelSettings(path=str(tiny_dir), process="on", process_restarts=2))
+    assert isinstance(model, RemoteModel)
+    yield model
+    model.close()
+
+
+def _predict(model: RemoteModel | Model, texts: list[str]) -> list[list[float]]:
+    return [p.floats() for p in model.forward(model.tokenize(texts))]
+
+
+def test_answers_and_keys_match_the_model_in_this_process(
+    tiny_dir: Path, remote: RemoteModel
+) -> None:
+    local = load_model(ModelSettings(path=str(tiny_dir), process="off"))
+    assert isinstance(local, Model)
+    assert remote.pid is not None and remote.pid != os.getpid()
+    assert remote.fingerprint == local.fingerprint and remote.max_length == local.max_length
+    for text in ("Good  movie", "the\tfilm", "[MASK] is bad"):
+        assert remote.keys(text) == local.keys(text)
+    got, want = _predict(remote, TEXTS), _predict(local, TEXTS)
+    assert len(got) == len(TEXTS)
+    for a, b in zip(got, want, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    calls, forward_s, _wait = remote.timing.totals()
+    assert calls == 1 and forward_s > 0
+
+
+def test_classify_answers_labels_across_the_process(tiny_dir: Path) -> None:
+    settings = ModelSettings(path=str(tiny_dir), task="classify", process="on")
+    remote, local = load_model(settings), load_model(dataclasses.replace(settings, process="off"))
+    try:
+        got = remote.forward(remote.tokenize(TEXTS))
+        want = local.forward(local.tokenize(TEXTS))
+        assert [p.label for p in got] == [p.label for p in want]
+        assert [p.score for p in got] == pytest.approx([p.score for p in want], abs=1e-5)
+    finally:
+        remote.close()
+
+
+def test_a_failing_text_fails_alone_through_the_engine(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir), process="on", fail_on="poison"))
+    engine = InferenceEngine(model)
+    engine.start()
+    try:
+        texts = ["good movie", "poison", "a bad film"]
+        outcome = asyncio.run(engine.run(texts))
+    finally:
+        engine.stop(10)
+    assert [o.ok for o in outcome.outcomes] == [True, False, True]
+    error = outcome.outcomes[1].error
+    assert error is not None and "fault injection" in str(error)
+    assert model.pid is None  # the engine's stop closed the child
+
+
+def _after_death(model: RemoteModel) -> None:
+    """The first call after a kill may fail (the pipe closes under it); the next works."""
+    try:
+        _predict(model, TEXTS)
+    except InferenceError:
+        pass
+    assert len(_predict(model, TEXTS)) == len(TEXTS)
+
+
+def test_a_killed_process_fails_the_call_then_is_started_again(remote: RemoteModel) -> None:
+    first = remote.pid
+    assert first is not None
+    enc = remote.tokenize(TEXTS)
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(InferenceError):
+        remote.forward(enc)  # its prepared batch died with it
+    _after_death(remote)
+    assert remote.pid not in (None, first) and remote.restarts == 1
+
+
+def test_restarts_are_bounded(remote: RemoteModel) -> None:
+    for restart in (1, 2):  # process_restarts=2
+        pid = remote.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _after_death(remote)
+        assert remote.restarts == restart
+    pid = remote.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    errors = []
+    for _ in range(2):
+        with pytest.raises(ModelProcessError) as info:
+            _predict(remote, TEXTS)
+        errors.append(str(info.value))
+    assert "PROCESS_RESTARTS" in errors[-1] and remote.restarts == 2
+
+
+def test_a_hung_process_is_killed_after_the_timeout(tiny_dir: Path) -> None:
+    model = load_model(ModelSettings(path=str(tiny_dir), process="on", process_timeout_s=1.0))
+    assert isinstance(model, RemoteModel)
+    try:
+        pid = model.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(ModelProcessError, match="no answer within"):
+            _predict(model, TEXTS)
+        assert model.pid is None  # killed; the next call starts another
+        assert len(_predict(model, TEXTS)) == len(TEXTS)
+    finally:
+        model.close()
+
+
+def test_a_model_folder_that_cannot_load_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ConfigurationError, match="cannot load model folder") as info:
+        load_model(ModelSettings(path=str(tmp_path), process="on"))
+    assert "\n" not in str(info.value)
