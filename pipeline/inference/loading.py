@@ -20,7 +20,7 @@ import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from pipeline.inference.model import TASKS, Model, NoopModel
 from pipeline.inference.threads import apply_thread_budget
 from pipeline.inference.tracing import traced
 from pipeline.settings import ModelSettings
+
+if TYPE_CHECKING:
+    from pipeline.inference.process import RemoteModel
 
 __all__ = ["default_model_path", "load_model"]
 
@@ -131,7 +134,7 @@ def resolve_dtype(settings: ModelSettings, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def load_model(settings: ModelSettings) -> Model | NoopModel | Any:
+def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
     """Load the model folder ``settings.path`` (empty: the bundled all-MiniLM-L6-v2).
 
     Task ``noop`` loads nothing and returns a :class:`NoopModel`.
@@ -241,7 +244,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | Any:
     )
 
 
-def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Any:
+def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Model:
     """The simulated device (:mod:`.sim`): the folder's real tokenizer, no network."""
     import transformers
 

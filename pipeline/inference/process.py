@@ -376,6 +376,14 @@ class RemoteModel:
             return [Prediction(embedding=data[i * width : (i + 1) * width]) for i in range(n)]
         return [Prediction(label=label, score=score) for label, score in body[1]]
 
+    def predict(self, texts: list[str]) -> list[Prediction]:
+        """``forward(tokenize(texts))``."""
+        return self.forward(self.tokenize(texts))
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model will see for ``text`` (asked of the child)."""
+        return self.tokenize([text]).n_tokens
+
 
 if __name__ == "__main__":  # the model process: python -m pipeline.inference.process TOK FWD
     # Run the module's own copy, not this __main__ one: what it pickles must name

@@ -6,6 +6,7 @@ caller and is started again within its bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -55,6 +56,7 @@ def test_answers_and_keys_match_the_model_in_this_process(
 def test_classify_answers_labels_across_the_process(tiny_dir: Path) -> None:
     settings = ModelSettings(path=str(tiny_dir), task="classify", process="on")
     remote, local = load_model(settings), load_model(dataclasses.replace(settings, process="off"))
+    assert isinstance(remote, RemoteModel)
     try:
         got = remote.forward(remote.tokenize(TEXTS))
         want = local.forward(local.tokenize(TEXTS))
@@ -66,6 +68,7 @@ def test_classify_answers_labels_across_the_process(tiny_dir: Path) -> None:
 
 def test_a_failing_text_fails_alone_through_the_engine(tiny_dir: Path) -> None:
     model = load_model(ModelSettings(path=str(tiny_dir), process="on", fail_on="poison"))
+    assert isinstance(model, RemoteModel)
     engine = InferenceEngine(model)
     engine.start()
     try:
@@ -81,10 +84,8 @@ def test_a_failing_text_fails_alone_through_the_engine(tiny_dir: Path) -> None:
 
 def _after_death(model: RemoteModel) -> None:
     """The first call after a kill may fail (the pipe closes under it); the next works."""
-    try:
+    with contextlib.suppress(InferenceError):
         _predict(model, TEXTS)
-    except InferenceError:
-        pass
     assert len(_predict(model, TEXTS)) == len(TEXTS)
 
 
