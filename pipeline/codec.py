@@ -13,7 +13,6 @@ body; the writer schema comes from the registry, :mod:`pipeline.registry`);
 :meth:`Codec.decode_any` tells the encodings apart by their first bytes
 (``C3 01`` Avro single-object, ``{`` JSON, ``00`` registry).
 
-
 Promises: ``decode`` and ``decode_any`` either return a dict valid for the
 current schema or raise :class:`~pipeline.errors.DecodeError` (bytes that are
 no record) or :class:`~pipeline.errors.ValidationError` (a JSON object that
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -131,7 +131,7 @@ class Codec:
             return bytes(out)
         buf = io.BytesIO()
         buf.write(MARKER + schema.fingerprint if header is None else header)
-        fastavro.schemaless_writer(buf, schema.parsed, dict(record))
+        fastavro.schemaless_writer(buf, schema.parsed, _floats_as_lists(record))
         return buf.getvalue()
 
     def decode(self, data: bytes | bytearray | memoryview | None) -> dict[str, Any]:
@@ -236,7 +236,6 @@ class Codec:
         return self.decode(data)
 
 
-
 @cache
 def request_codec() -> Codec:
     """The shared codec of ``InferenceRequest``."""
@@ -253,3 +252,12 @@ def result_codec() -> Codec:
 def dead_letter_codec() -> Codec:
     """The shared codec of ``DeadLetter``."""
     return Codec.load("DeadLetter")
+
+
+def _floats_as_lists(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` for fastavro: float32 bytes (an embedding) become a list of floats."""
+    out = dict(record)
+    for key, value in out.items():
+        if isinstance(value, bytes) and key == "embedding":
+            out[key] = list(struct.unpack(f"<{len(value) // 4}f", value))
+    return out

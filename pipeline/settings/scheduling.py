@@ -7,7 +7,6 @@ import dataclasses
 from pipeline.errors import ConfigurationError
 from pipeline.settings._fields import _field
 
-
 #: ``max_items`` when 0 (auto): rows a batch may hold on an accelerator, and on a CPU.
 ACCELERATOR_MAX_ITEMS = 256
 CPU_MAX_ITEMS = 32

@@ -101,6 +101,7 @@ class Runtime:
             settings.scheduler,
             expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
             controller=self.controller,
+            accelerated=engine.overlaps,
         )
         self.gates: LaneGates[Work] = LaneGates(
             self.scheduler,
