@@ -3,11 +3,13 @@
 - :mod:`.workload`: the seeded, pure workload generator (lengths, lanes, Zipf duplicates, rate)
 - :mod:`.stats`: percentiles, phase summaries, /proc and /metrics probes
 - :mod:`.drive`: sending, collecting answers, the plain confluent-kafka floor loop
-- :mod:`.modes`: sync, fixed, adaptive and noop workers (``--workers`` of each); raw
-  (the model alone)
+- :mod:`.modes`: sync, fixed, adaptive and noop workers (``--workers`` of each)
+- :mod:`.alone`: the model alone: raw (sorted by tokens, token-budget batches) and st
+  (sentence-transformers' encode)
 - :mod:`.faust_floor`: the bare Faust agent of the faust-floor mode
 - :mod:`.phases`: one phase against running workers (a workload, after-idle, faust-floor)
 - :mod:`.run`: phases and modes in order
+- :mod:`.feed`: how well the pipeline feeds the device: F, G, U, batches against raw's
 - :mod:`.report`: targets, Markdown, JSON, plots
 """
 

@@ -15,8 +15,7 @@ Every mode runs with load shedding off (``PIPELINE_DEGRADE_ENABLED=false``):
 the saturation phases build a backlog on purpose.
 - ``noop``: the defaults with the ``noop`` model (the pipeline's own cost).
 
-``raw`` is the model alone in this process: texts sorted by length within
-windows of 256, batched at the best of a few sizes, no Kafka.
+``raw`` and ``st``, the model alone, are in :mod:`.alone`.
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pipeline.bench.drive import Collector
 from pipeline.bench.stats import ProcProbe, Samples, scrape
@@ -35,7 +33,7 @@ from pipeline.settings import LANES, ModelSettings, Settings
 from pipeline.supervise import WorkerProcess, free_port
 from pipeline.topics import create_topics
 
-__all__ = ["WORKER_MODES", "Deployment", "mode_env", "run_raw", "start_worker"]
+__all__ = ["WORKER_MODES", "Deployment", "mode_env", "model_settings_for", "start_worker"]
 
 WORKER_MODES = ("adaptive", "fixed", "sync", "noop")
 
@@ -75,6 +73,8 @@ class Deployment:
     splits the partitions between them); each has its own web and metrics
     ports and its own data folder, as on a host that runs several. ``app`` is
     the Faust app they run (``pipeline.app``; the faust-floor mode runs its own).
+    ``device_file``: the simulated device's file the workers share (``--device
+    sim``), whose busy counter :meth:`device_busy_s` reads.
     """
 
     def __init__(
@@ -86,9 +86,11 @@ class Deployment:
         extra_env: dict[str, str],
         workers: int = 1,
         app: str = "pipeline.app",
+        device_file: Path | None = None,
     ) -> None:
         tag = uuid.uuid4().hex[:8]
         self.mode = mode
+        self.device_file = device_file
         self.app = app
         self.name = f"{mode}-{tag}"
         self.env = {
@@ -151,6 +153,27 @@ class Deployment:
         peaks = [p for p in (probe.peak_rss_bytes() for probe in self.probes) if p]
         return max(peaks) if peaks else None
 
+    def model_peak_rss_bytes(self) -> int | None:
+        """The largest peak resident memory of one worker's model process (its child
+        ``python -m pipeline.inference.process``, the one running now); None when no
+        worker has one (the model on the worker's own thread, or the no-op model)."""
+        peaks = []
+        for probe in self.probes:
+            for pid in probe.children():
+                child = ProcProbe(pid)
+                if "pipeline.inference.process" in child.cmdline():
+                    peaks.append(child.peak_rss_bytes() or 0)
+        return (max(peaks) or None) if peaks else None
+
+    def device_busy_s(self) -> float | None:
+        """The simulated device's busy seconds so far (all processes on it); None
+        off ``sim``."""
+        if self.device_file is None:
+            return None
+        from pipeline.inference.sim import read_busy_s
+
+        return read_busy_s(self.device_file)
+
     def scrape(self) -> Samples | None:
         """Every worker's /metrics, each sample labelled ``bench_worker``; ``None``
         when one of them does not answer (totals would be short)."""
@@ -199,68 +222,6 @@ def wait_group_settled(settings: Settings, members: int, *, timeout_s: float) ->
                 return
         time.sleep(0.5)
     raise TimeoutError(f"group {group} did not settle with {members} members in {timeout_s:.0f}s")
-
-
-def _length_sorted(texts: Sequence[str], count: Callable[[str], int], window: int) -> list[str]:
-    out: list[str] = []
-    for i in range(0, len(texts), window):
-        out += sorted(texts[i : i + window], key=count)
-    return out
-
-
-def _run_batches(model: Any, texts: Sequence[str], size: int) -> dict[str, float]:
-    tokenize_s = forward_s = 0.0
-    real = padded = batches = 0
-    start = time.perf_counter()
-    for i in range(0, len(texts), size):
-        t0 = time.perf_counter()
-        enc = model.tokenize(list(texts[i : i + size]))
-        t1 = time.perf_counter()
-        model.forward(enc)
-        t2 = time.perf_counter()
-        tokenize_s += t1 - t0
-        forward_s += t2 - t1
-        real += enc.n_tokens
-        padded += enc.padded_tokens
-        batches += 1
-    wall = time.perf_counter() - start
-    return {
-        "throughput": len(texts) / wall if wall else 0.0,
-        "elapsed_s": wall,
-        "batches": float(batches),
-        "mean_batch_size": len(texts) / batches if batches else 0.0,
-        "mean_batch_tokens": padded / batches if batches else 0.0,
-        "padding_ratio": 1 - real / padded if padded else 0.0,
-        "tokenize_share": tokenize_s / (tokenize_s + forward_s) if forward_s else 0.0,
-    }
-
-
-def run_raw(
-    model_settings: ModelSettings,
-    texts: Sequence[str],
-    *,
-    sizes: Sequence[int],
-    sweep_n: int = 128,
-) -> dict[str, Any]:
-    """The model alone: pick the best of ``sizes`` on the first ``sweep_n`` texts,
-    then run every text at that size, sorted by length within windows of 256."""
-    from pipeline.inference import load_model
-
-    model = load_model(model_settings)
-    model.predict(["warm-up"])
-    ordered = _length_sorted(texts, len, 256)
-    sample = _length_sorted(texts[:sweep_n], len, 256)
-    sweep = {size: _run_batches(model, sample, size)["throughput"] for size in sizes}
-    best = max(sweep, key=lambda s: sweep[s])
-    result: dict[str, Any] = _run_batches(model, ordered, best)
-    result |= {
-        "best_batch_size": best,
-        "sweep": {str(k): v for k, v in sweep.items()},
-        "device": str(model.device),
-        "sent": len(texts),
-        "answered": len(texts),
-    }
-    return result
 
 
 def model_settings_for(settings: Settings, device: str | None) -> ModelSettings:

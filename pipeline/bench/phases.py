@@ -10,6 +10,11 @@
   agent (:mod:`.faust_floor`);
 - :class:`Sampler`: a worker's token budget and batches over time, and the GPU's
   utilisation per phase (``--device cuda``).
+
+Every phase also records the model side's forward and interpreter-lock wait
+seconds (the workers' /metrics before and after), the model process's peak
+RSS beside the worker's, and on ``--device sim`` the simulated device's busy
+share (its own counter over the phase's wall time).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pipeline.bench.stats import (
     batch_stats,
     last_answer_s,
     metric_total,
+    model_stats,
     scrape,
     summarize,
 )
@@ -131,7 +137,7 @@ def _play(
     prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
     if sampler is not None:
         sampler.phase = name
-    before, cpu0, t0 = dep.scrape(), dep.cpu_s(), time.monotonic()
+    before, cpu0, busy0, t0 = dep.scrape(), dep.cpu_s(), dep.device_busy_s(), time.monotonic()
     bar = tqdm(
         total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
     )
@@ -165,19 +171,33 @@ def _play(
         stop.set()
         sender.join(60)
     bar.close()
-    after, cpu1, wall = dep.scrape(), dep.cpu_s(), time.monotonic() - t0
+    after, cpu1, busy1 = dep.scrape(), dep.cpu_s(), dep.device_busy_s()
+    wall = time.monotonic() - t0
+    if sampler is not None:
+        sampler.phase = ""
+    # The worker publishes the model's totals once a sample interval: wait for one, so
+    # that this phase's forwards count in this phase (the worker is idle by now).
+    time.sleep(float(dep.env.get("PIPELINE_METRICS_SAMPLE_INTERVAL_S", "1")) + 0.2)
+    settled = dep.scrape()
     answers = collector.of(prefix)
     started_ms = started[0] if started else wall_ms()
     summary = _summary(dep, name, answers, sent=_sent(collector, prefix), started_ms=started_ms)
-    if sampler is not None:
-        sampler.phase = ""
     gpu = sampler.gpu_util(name) if sampler is not None else None
     summary |= {
         **batch_stats(before, after),
+        **model_stats(before, settled),
         "tokenize_share": None,
         "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
         "peak_rss_bytes": dep.peak_rss_bytes(),
+        "model_peak_rss_bytes": dep.model_peak_rss_bytes(),
         "gpu_util": gpu,
+        # The simulated device's busy share (--device sim) from the first send to the
+        # last answer (the producer's connection before it is no work of the device's).
+        "device_busy": (
+            (busy1 - busy0) / summary["elapsed_s"]
+            if busy0 is not None and busy1 is not None
+            else None
+        ),
     }
     return summary, answers, started_ms
 
@@ -276,6 +296,7 @@ def after_idle(dep: Deployment, *, config: BenchConfig, seed: int) -> dict[str, 
         "idle_s": config.idle_s,
         "latencies_ms": [round(v, 1) for v in latencies],
         "peak_rss_bytes": dep.peak_rss_bytes(),
+        "model_peak_rss_bytes": dep.model_peak_rss_bytes(),
     }
     say(
         f"{dep.mode}/after-idle ({config.idle_s:g} s silences): "

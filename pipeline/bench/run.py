@@ -17,9 +17,12 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
 - ``after-idle`` (noop): ``idle_requests`` single realtime requests, each
   after ``idle_s`` of silence.
 
-Modes run in the order raw, adaptive, fixed, sync, noop, faust-floor, floor,
-``workers`` worker processes of one mode at a time, each mode stopped before
-the next starts. Then, when ``threads``
+Modes run in the order raw, st, adaptive, fixed, sync, noop, faust-floor,
+floor, ``workers`` worker processes of one mode at a time, each mode stopped
+before the next starts. ``raw`` and ``st`` are the model alone (:mod:`.alone`);
+``st`` is n/a on ``--device sim``, where every worker and raw share one
+simulated device, a file of this run's own (``work/sim-device`` under
+``out``), so its busy counter holds this run's work alone. Then, when ``threads``
 lists settings, the thread-budget sweep (:mod:`.threads`): per setting the
 model alone (serial and pipelined) and an adaptive worker's saturation phase.
 """
@@ -34,15 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.alone import run_raw, run_st
 from pipeline.bench.drive import floor_loop
-from pipeline.bench.modes import (
-    WORKER_MODES,
-    Deployment,
-    _length_sorted,
-    mode_env,
-    model_settings_for,
-    run_raw,
-)
+from pipeline.bench.modes import WORKER_MODES, Deployment, mode_env, model_settings_for
 from pipeline.bench.phases import Sampler, after_idle, backlog, faust_floor, run_phase, say
 from pipeline.bench.stats import ProcProbe
 from pipeline.bench.threads import ThreadSetting, raw_threads
@@ -53,7 +50,7 @@ from pipeline.topics import create_topics
 
 __all__ = ["MODES", "BenchConfig", "run_bench"]
 
-MODES = ("raw", "adaptive", "fixed", "sync", "noop", "faust-floor", "floor")
+MODES = ("raw", "st", "adaptive", "fixed", "sync", "noop", "faust-floor", "floor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +69,9 @@ class BenchConfig:
     device: str | None = None
     fixed_batch: int = 32
     fixed_wait_ms: int = 20
-    raw_sizes: tuple[int, ...] = (1, 4, 8, 16, 32)  # 1: what sync's batches can do
+    raw_budgets: tuple[int, ...] = (256, 512, 1024, 2048)  # raw's padded tokens a batch
+    st_sizes: tuple[int, ...] = (8, 32, 128)  # sentence-transformers' batch sizes (32: its default)
+    sim_profile: str = "eager"  # --device sim: PIPELINE_MODEL_SIM_PROFILE of raw and workers
     answer_timeout_s: float = 300.0
     threads: tuple[str, ...] = ()
     workers: int = 1  # worker processes per mode, side by side (one consumer group)
@@ -87,7 +86,8 @@ class BenchConfig:
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
         """A smoke run: a few seconds per mode."""
-        base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_sizes=(8,),
+        base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_budgets=(512,),
+                   st_sizes=(32,),
                    burst_requests=60, backlog_requests=100, backlog_max_s=10.0,
                    idle_requests=3, idle_s=1.0)  # fmt: skip
         return dataclasses.replace(base, **changes)
@@ -102,16 +102,14 @@ def _worker_mode(
         fixed_wait_ms=config.fixed_wait_ms,
         max_length=settings.model.max_length,
     )
-    if config.device:
-        extra["PIPELINE_MODEL_DEVICE"] = config.device
-    if settings.model.path:
-        extra["PIPELINE_MODEL_PATH"] = settings.model.path
+    extra |= _model_env(config, settings)
     extra.update(config.worker_env)
     # The security variables go to the worker but not into the report (``extra``).
     env = {**extra, **security_env(settings)}
     dep = Deployment(
-        mode, bootstrap=bootstrap, out=config.out, extra_env=env, workers=config.workers
-    )
+        mode, bootstrap=bootstrap, out=config.out, extra_env=env, workers=config.workers,
+        device_file=_sim_file(config) if config.device == "sim" else None,
+    )  # fmt: skip
     say(
         f"{mode}: starting {config.workers} worker(s) "
         f"(topics {dep.settings.topics.prefix}*, logs {dep.log_path.parent}/{dep.name}-*.log)"
@@ -168,6 +166,53 @@ def _worker_mode(
     }
 
 
+def _sim_file(config: BenchConfig) -> Path:
+    """This run's simulated device (``--device sim``): one file under ``out``."""
+    return config.out / "work" / "sim-device"
+
+
+def _model_env(config: BenchConfig, settings: Settings) -> dict[str, str]:
+    """The PIPELINE_MODEL_* of every model this run loads (workers, raw, the sweep)."""
+    env = {"PIPELINE_MODEL_DEVICE": config.device} if config.device else {}
+    if settings.model.path:
+        env["PIPELINE_MODEL_PATH"] = settings.model.path
+    if config.device == "sim":
+        env["PIPELINE_MODEL_SIM_PROFILE"] = config.sim_profile
+        env["PIPELINE_MODEL_SIM_FILE"] = str(_sim_file(config).resolve())
+    return env
+
+
+def _alone(config: BenchConfig, settings: Settings, mode: str) -> dict[str, Any]:
+    """raw or st: the model alone on the saturation workload's texts."""
+    texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
+    model = model_settings_for(settings, config.device)
+    if config.device == "sim":
+        model = dataclasses.replace(
+            model, sim_profile=config.sim_profile, sim_file=str(_sim_file(config).resolve())
+        )
+    if mode == "st":
+        if config.device == "sim":
+            say("st: n/a on the simulated device (it has no network to run)")
+            return {"mode": "st", "skipped": "n/a on --device sim", "phases": [], "timeline": []}
+        say(f"st: sentence-transformers' encode on {len(texts)} texts, sizes {config.st_sizes}")
+        result = run_st(model, texts, sizes=config.st_sizes, sweep_n=_sweep_n(config))
+        say(f"st: {result['throughput']:.1f}/s at batch {result['best_batch_size']}")
+    else:
+        say(f"raw: the model alone on {len(texts)} texts, token budgets {config.raw_budgets}")
+        result = run_raw(model, texts, budgets=config.raw_budgets, sweep_n=_sweep_n(config))
+        say(
+            f"raw: {result['throughput']:.1f}/s at a budget of {result['best_budget']} tokens "
+            f"({result['mean_batch_size']:.1f} texts a batch)"
+        )
+    return {"mode": mode, "phases": [{"phase": "saturate", **result}], "timeline": []}
+
+
+def _sweep_n(config: BenchConfig) -> int:
+    """Texts each budget (batch size) is tried on: several batches of the largest
+    budget at ~16 tokens a text, 256 at least."""
+    return max(256, max(config.raw_budgets) // 8)
+
+
 def _gpu(config: BenchConfig) -> Any:
     """NVML readings of GPU 0 for the phases' ``gpu_util``, with ``--device cuda`` only
     (it imports torch); None otherwise."""
@@ -210,10 +255,8 @@ def _thread_sweep(
 ) -> list[dict[str, Any]]:
     """Per thread setting: the model alone (serial, pipelined) and an adaptive worker."""
     texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
-    texts = _length_sorted(texts, len, 256)
-    model_env = {"PIPELINE_MODEL_DEVICE": config.device} if config.device else {}
-    if settings.model.path:
-        model_env["PIPELINE_MODEL_PATH"] = settings.model.path
+    texts = sorted(texts, key=len)
+    model_env = _model_env(config, settings)
     rows = []
     for spec in config.threads:
         setting = ThreadSetting(spec)
@@ -249,19 +292,14 @@ def _thread_sweep(
 def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[str, Any]:
     """Run ``config.modes`` against the broker at ``bootstrap``; return the report data."""
     config.out.mkdir(parents=True, exist_ok=True)
+    if config.device == "sim":  # a fresh device: its counter is this run's alone
+        _sim_file(config).unlink(missing_ok=True)
     started = time.time()
     modes: dict[str, Any] = {}
     base_rate = config.rate or None
     for mode in (m for m in MODES if m in config.modes):
-        if mode == "raw":
-            texts = [r.text for r in generate(WorkloadSpec(n=config.requests, seed=config.seed))]
-            say(f"raw: the model alone on {len(texts)} texts, sizes {config.raw_sizes}")
-            raw = run_raw(
-                model_settings_for(settings, config.device), texts, sizes=config.raw_sizes,
-                sweep_n=max(128, 2 * max(config.raw_sizes)),  # two batches of the largest size
-            )  # fmt: skip
-            say(f"raw: {raw['throughput']:.1f}/s at batch {raw['best_batch_size']}")
-            modes["raw"] = {"mode": "raw", "phases": [{"phase": "saturate", **raw}], "timeline": []}
+        if mode in ("raw", "st"):
+            modes[mode] = _alone(config, settings, mode)
         elif mode in WORKER_MODES:
             modes[mode] = _worker_mode(mode, config, bootstrap, base_rate, settings)
             if mode == "adaptive" and base_rate is None:
@@ -272,7 +310,7 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
             modes["floor"] = _floor(config, bootstrap, settings)
     threads = []
     if config.threads:
-        size = int(modes.get("raw", {}).get("phases", [{}])[0].get("best_batch_size", 8))
+        size = round(modes.get("raw", {}).get("phases", [{}])[0].get("best_batch_size", 8))
         threads = _thread_sweep(config, bootstrap, settings, size)
     shutil.rmtree(config.out / "work", ignore_errors=True)  # RocksDB folders and worker logs
     return {

@@ -22,6 +22,7 @@ __all__ = [
     "ProcProbe",
     "last_answer_s",
     "metric_total",
+    "model_stats",
     "parse_metrics",
     "path_breakdown",
     "percentile",
@@ -182,6 +183,29 @@ class ProcProbe:
         # After the ")" of comm, field 3 (state) is index 0: utime is 14, stime 15.
         return (int(fields[11]) + int(fields[12])) / self._ticks
 
+    def children(self) -> list[int]:
+        """The process's child processes now (``/proc/<pid>/task/*/children``)."""
+        pids: list[int] = []
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return pids
+        for task in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{task}/children", encoding="ascii") as f:
+                    pids += [int(p) for p in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return pids
+
+    def cmdline(self) -> str:
+        """The process's command line, its arguments joined by spaces ("" when gone)."""
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return ""
+
     def peak_rss_bytes(self) -> int | None:
         """VmHWM: the process's peak resident set size."""
         try:
@@ -231,6 +255,23 @@ def scrape(port: int, timeout_s: float = 2.0) -> Samples | None:
             return parse_metrics(r.read().decode("utf-8", "replace"))
     except OSError:
         return None
+
+
+def model_stats(before: Samples | None, after: Samples | None) -> dict[str, float | None]:
+    """The model side's forward seconds and, of them, interpreter-lock wait seconds
+    between two scrapes (``pipeline_model_*_seconds_total``). The worker publishes
+    both totals together every ``PIPELINE_METRICS_SAMPLE_INTERVAL_S`` (1 s in the
+    bench): the phases take ``after`` one interval past their last answer."""
+    if before is None or after is None:
+        return {"model_forward_s": None, "model_lock_wait_s": None}
+
+    def delta(name: str) -> float:
+        return metric_total(after, name) - metric_total(before, name)
+
+    return {
+        "model_forward_s": delta("pipeline_model_forward_seconds_total"),
+        "model_lock_wait_s": delta("pipeline_model_lock_wait_seconds_total"),
+    }
 
 
 def batch_stats(before: Samples | None, after: Samples | None) -> dict[str, float | None]:

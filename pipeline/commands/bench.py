@@ -16,6 +16,7 @@ from pipeline.commands.options import (
     seed_option,
 )
 from pipeline.settings import Settings
+from pipeline.settings.serving import SIM_PROFILES
 
 __all__ = ["bench"]
 
@@ -75,7 +76,9 @@ def _sets(
     default=",".join(MODES),
     show_default=True,
     callback=_modes,
-    help="Comma-separated: raw (model alone, no Kafka), adaptive (defaults), fixed (fixed "
+    help="Comma-separated: raw (model alone, no Kafka: the workload sorted by tokens, "
+    "batches cut by a token budget), st (sentence-transformers' encode on the same texts "
+    "and device; n/a on sim), adaptive (defaults), fixed (fixed "
     "batch and wait), sync (one request per model call), noop (pipeline with a no-op model), "
     "faust-floor (a bare Faust agent: raw bytes in, one produce per event), "
     "floor (plain confluent-kafka consume/produce loop).",
@@ -129,9 +132,18 @@ def _sets(
 )
 @click.option(
     "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
+    type=click.Choice(["auto", "cpu", "cuda", "sim"]),
     default=None,
-    help="Model device (sets PIPELINE_MODEL_DEVICE for every worker and raw).",
+    help="Model device (sets PIPELINE_MODEL_DEVICE for every worker, raw and st). sim: the "
+    "simulated accelerator (real tokenizer, a GPU's host costs; one device file per run).",
+)
+@click.option(
+    "--sim-profile",
+    type=click.Choice(SIM_PROFILES),
+    default="eager",
+    show_default=True,
+    help="With --device sim: what a forward costs the host (PIPELINE_MODEL_SIM_PROFILE of "
+    "every worker and raw): eager, traced, graphed, or slow (a device slower than the pipeline).",
 )
 @click.option(
     "--fixed-batch",
@@ -227,6 +239,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     seed: int,
     out: Path,
     device: str | None,
+    sim_profile: str,
     fixed_batch: int,
     fixed_wait_ms: int,
     threads: tuple[str, ...],
@@ -259,7 +272,8 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     Examples:
       pipeline bench --quick --modes noop,adaptive      # smoke test, ~1 minute
       pipeline bench --out docs/bench                   # the full run, ~10 minutes on 2 cores
-      pipeline bench --device cuda --modes raw,adaptive,sync --requests 5000
+      pipeline bench --device cuda --modes raw,st,adaptive,sync --requests 5000
+      pipeline bench --device sim --sim-profile graphed --modes raw,adaptive,noop  # the feed
       pipeline bench --modes raw --threads 1:1,2:1,2:0,1:1:-1   # the thread budget
       pipeline bench --modes noop,faust-floor,floor --workers 2  # two workers per host
       pipeline bench --modes adaptive -n 100 --loads 0.8 --burst 0  # little but the backlog
@@ -274,6 +288,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         "seed": seed,
         "out": out,
         "device": device,
+        "sim_profile": sim_profile,
         "rate": rate,
         "fixed_batch": fixed_batch,
         "fixed_wait_ms": fixed_wait_ms,
@@ -298,8 +313,10 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     ):
         if value is not None:
             changes[name] = value
+    if device in ("cuda", "sim"):  # a device that wants hundreds of texts a batch
+        changes["raw_budgets"] = (4096,) if quick else (2048, 4096, 8192, 16384)
     if device == "cuda":
-        changes["raw_sizes"] = (1, 16, 32, 64, 128, 256)
+        changes["st_sizes"] = (32,) if quick else (32, 128, 512)
     config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
     with local_broker_unless(bootstrap, settings, keep=keep_broker) as address:

@@ -73,6 +73,52 @@ def test_quick_bench_answers_everything_and_writes_the_report(
 
 @pytest.mark.kafka
 @pytest.mark.slow
+def test_quick_bench_on_the_simulated_device_reports_the_feed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """--device sim: raw and every worker run the simulated device of this run (its
+    own file under --out, its profile from --sim-profile), and the report carries
+    the feed: F, G, U, the backlog's batches against raw's best, both processes'
+    memory."""
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--quick", "--device", "sim", "--sim-profile", "graphed",
+         "--modes", "raw,adaptive,noop", "--idle-requests", "0",
+         "--bootstrap", kafka_bootstrap, "--out", str(out)],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "bench.json").read_text())
+    assert report["config"]["device"] == "sim" and report["config"]["sim_profile"] == "graphed"
+    (raw,) = report["modes"]["raw"]["phases"]
+    assert raw["device"] == "sim" and raw["dtype"] == "sim-graphed"
+    assert raw["answered"] == raw["sent"] == 60 and raw["best_budget"] == 4096
+    assert raw["best_batch_size"] > 1 and raw["mean_batch_tokens"] <= 4096
+    env = report["modes"]["adaptive"]["env"]
+    assert env["PIPELINE_MODEL_DEVICE"] == "sim" and env["PIPELINE_MODEL_SIM_PROFILE"] == "graphed"
+    assert env["PIPELINE_MODEL_SIM_FILE"] == str((out / "work" / "sim-device").resolve())
+    for p in report["modes"]["adaptive"]["phases"]:
+        assert p["answered"] == p["sent"] and p["unanswered"] == 0, p
+    feed = report["feed"]
+    assert feed["device"] == "sim" and feed["sim_profile"] == "graphed"
+    assert feed["F"] > 0 and feed["F_base"] in ("raw", "noop")
+    assert feed["model_forward_s"] > 0 and 0 <= feed["G"] <= 1
+    assert 0 < feed["U"] <= 1 and feed["U_source"] == "simulated device's counter"
+    assert feed["backlog_batch"] >= 1 and feed["raw_best_batch"] == raw["best_batch_size"]
+    assert feed["batch_ratio"] == feed["backlog_batch"] / raw["best_batch_size"]
+    # sim runs the model in a process of its own (PIPELINE_MODEL_PROCESS=auto): found and read
+    assert feed["worker_rss_gib"] > 0 and feed["model_rss_gib"] > 0
+    assert feed["st"] is None
+    names = {t["target"] for t in report["targets"]}
+    assert "F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop)" in names
+    table = (out / "bench.md").read_text()
+    assert "Feed (sim, graphed profile): F = " in table and "U = " in table
+    assert "sentence-transformers' encode: n/a on the simulated device" in table
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_workers_side_by_side_share_the_partitions_and_answer_everything(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -3,6 +3,8 @@ anywhere; the smoke runs on the real broker are in tests/kafka/test_bench_live.p
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
 import time
 from collections import Counter
@@ -292,7 +294,9 @@ def test_targets_and_markdown_from_a_report() -> None:
         "modes": {
             "raw": {
                 "mode": "raw",
-                "phases": [phase("saturate", 100.0, sweep={"1": 50.0, "4": 100.0, "8": 90.0})],
+                "phases": [
+                    phase("saturate", 100.0, sweep={"256": 100.0, "512": 90.0}, single=50.0)
+                ],
             },
             "adaptive": {
                 "mode": "adaptive",
@@ -307,14 +311,16 @@ def test_targets_and_markdown_from_a_report() -> None:
     }
     by_name = {t["target"]: t for t in targets(report)}
     assert by_name["adaptive / raw throughput"]["met"] is True
-    unique = by_name["adaptive at 0 % duplicates / raw (for reference)"]
+    unique = by_name["adaptive at 0 % repeats / raw (raw: whole workload sorted, token budget)"]
     assert unique["value"] == pytest.approx(0.9) and unique["met"] is True
     assert by_name["adaptive / sync throughput"]["met"] is None  # sync did not run
     gain = by_name["the model alone: best batch / batch 1 (for reference: batching's own gain)"]
     assert gain["value"] == pytest.approx(100.0 / 50.0)
     assert by_name["50 % duplicates / 0 % throughput"]["value"] == pytest.approx(2.0)
     rss = by_name["worker peak RSS (adaptive: the defaults, bursts included)"]
-    assert rss["value"] == pytest.approx(1.0) and rss["met"] is True
+    assert rss["value"] == pytest.approx(1.0) and rss["met"] is False  # goal 0.6 GiB
+    both = by_name["worker + model process peak RSS"]
+    assert both["value"] == pytest.approx(1.0) and both["met"] is True  # no model process
     assert by_name["fixed worker peak RSS (for reference)"]["met"] is None  # fixed did not run
     table = markdown(report)
     assert table.startswith("| mode | phase |") and "| adaptive | load-80 |" in table
@@ -390,13 +396,189 @@ def test_backlog_targets_drain_time_and_its_line_in_the_report() -> None:
     assert unrun["adaptive, a bulk backlog drains: realtime p99"]["met"] is None
 
 
+# -- the model alone: token-budget batches, raw on the simulated device ---------------
+
+
+def test_token_batches_fill_the_budget_in_order_and_never_leave_a_text_out() -> None:
+    from pipeline.bench.alone import token_batches
+
+    lengths = [3, 3, 4, 10, 10, 50]
+    assert [list(b) for b in token_batches(lengths, 12)] == [[0, 1, 2], [3], [4], [5]]
+    assert [list(b) for b in token_batches(lengths, 20)] == [[0, 1, 2], [3, 4], [5]]
+    assert [len(b) for b in token_batches(lengths, 0)] == [1] * 6  # one text a batch
+    assert token_batches([], 100) == []
+    unsorted = [10, 2, 2, 2]  # the longest so far counts, wherever it is
+    assert [list(b) for b in token_batches(unsorted, 20)] == [[0, 1], [2, 3]]
+    import random
+
+    rng = random.Random(4)
+    for _ in range(50):
+        lens = sorted(rng.randint(1, 64) for _ in range(rng.randint(1, 80)))
+        budget = rng.randint(0, 512)
+        batches = token_batches(lens, budget)
+        assert [i for b in batches for i in b] == list(range(len(lens)))
+        for b in batches:
+            assert len(b) == 1 or len(b) * max(lens[i] for i in b) <= budget
+        for b, nxt in itertools.pairwise(batches):  # greedy: the next text did not fit
+            assert (len(b) + 1) * max(lens[i] for i in [*b, nxt[0]]) > budget
+
+
+def test_raw_on_the_simulated_device_sorts_everything_and_picks_its_best_budget(
+    tmp_path: Path,
+) -> None:
+    from pipeline.bench.alone import run_raw
+    from pipeline.inference.sim import read_busy_s
+
+    texts = [r.text for r in generate(WorkloadSpec(n=60, seed=3, dup_rate=0.0))]
+    device = tmp_path / "sim-device"
+    settings = ModelSettings(device="sim", sim_profile="graphed", sim_file=str(device))
+    raw = run_raw(settings, texts, budgets=(64, 2048), sweep_n=60)
+    assert raw["device"] == "sim" and raw["dtype"] == "sim-graphed"
+    assert raw["answered"] == raw["sent"] == 60 and raw["throughput"] > 0
+    assert raw["best_budget"] in (64, 2048) and set(raw["sweep"]) == {"64", "2048"}
+    assert raw["sweep"][str(raw["best_budget"])] == max(raw["sweep"].values())
+    assert raw["single"] > 0 and raw["best_batch_size"] == raw["mean_batch_size"]
+    assert raw["mean_batch_size"] == pytest.approx(60 / raw["batches"])
+    # The whole workload sorted by tokens, then cut by the budget: batches and padding
+    # are what token_batches gives on the sorted counts.
+    from pipeline.bench.alone import token_batches
+
+    model = load_model(dataclasses.replace(settings, process="off"))
+    lengths = sorted(model.count_tokens(t) for t in texts)
+    batches = token_batches(lengths, raw["best_budget"])
+    assert raw["batches"] == len(batches)
+    padded = sum(len(b) * lengths[b[-1]] for b in batches)
+    assert raw["mean_batch_tokens"] * raw["batches"] == pytest.approx(padded)
+    assert raw["padding_ratio"] == pytest.approx(1 - sum(lengths) / padded)
+    assert read_busy_s(device) > 0  # the simulated device did the work
+
+
+# -- the feed: F, G, U ---------------------------------------------------------------
+
+
+def _feed_report(device: str | None, profile: str = "eager") -> dict[str, object]:
+    def phase(name: str, tput: float, **extra: object) -> dict[str, object]:
+        lat = {k: {"p50": 10.0, "p95": 20.0, "p99": 30.0} for k in ("realtime", "all")}
+        return {"phase": name, "throughput": tput, "latency_ms": lat, "sent": 1, "answered": 1,
+                "expired": {"realtime": 0}, "unanswered": 0, **extra}  # fmt: skip
+
+    raw = phase("saturate", 5000.0, best_budget=4096, best_batch_size=200.0,
+                mean_batch_size=200.0, mean_batch_tokens=4000.0, padding_ratio=0.1,
+                sweep={"2048": 4000.0, "4096": 5000.0}, single=300.0, device="sim",
+                dtype="sim-eager")  # fmt: skip
+    rss = {"peak_rss_bytes": 2**29, "model_peak_rss_bytes": 2**28}
+    adaptive = [
+        phase("saturate", 2000.0, model_forward_s=4.0, model_lock_wait_s=1.0, **rss),
+        phase("load-80", 1500.0, model_forward_s=100.0, model_lock_wait_s=100.0),  # not saturated
+        phase("dup-0", 2400.0, model_forward_s=4.0, model_lock_wait_s=0.5),
+        phase(
+            "backlog",
+            2100.0,
+            model_forward_s=2.0,
+            model_lock_wait_s=0.5,
+            mean_batch_size=110.0,
+            mean_batch_tokens=1000.0,
+            device_busy=0.4,
+            gpu_util=0.7,
+            backlog_requests=1,
+            realtime_rate=10.0,
+            backlog_max_s=60.0,
+            drained=True,
+            drain_s=1.0,
+        ),
+    ]
+    return {
+        "config": {"device": device, "sim_profile": profile},
+        "modes": {
+            "raw": {"mode": "raw", "phases": [raw]},
+            "adaptive": {"mode": "adaptive", "env": {}, "phases": adaptive},
+            "noop": {"mode": "noop", "phases": [phase("saturate", 3000.0)]},
+        },
+    }
+
+
+def test_feed_divides_what_it_says_over_the_phases_it_says() -> None:
+    from pipeline.bench.feed import feed
+
+    f = feed(_feed_report("sim", "graphed"))
+    assert f["F"] == pytest.approx(2400.0 / 3000.0) and f["F_base"] == "noop"
+    assert f["G"] == pytest.approx((1.0 + 0.5 + 0.5) / (4.0 + 4.0 + 2.0))  # load-80 left out
+    assert f["U"] == 0.4 and f["U_source"] == "simulated device's counter"
+    assert f["batch_ratio"] == pytest.approx(110.0 / 200.0)
+    assert f["tokens_ratio"] == pytest.approx(1000.0 / 4000.0)
+    assert f["worker_rss_gib"] == 0.5 and f["rss_total_gib"] == 0.75
+    assert f["sim_profile"] == "graphed" and f["st"] is None
+    cuda = feed(_feed_report("cuda"))
+    assert cuda["U"] == 0.7 and cuda["U_source"] == "NVML"
+    assert cuda["G"] is None and cuda["sim_profile"] is None  # the lock wait is known on sim only
+    cpu = feed(_feed_report(None))
+    assert cpu["U"] is None and cpu["G"] is None and cpu["F"] == pytest.approx(0.8)
+    report = _feed_report("sim")
+    report["modes"]["raw"]["phases"][0]["throughput"] = 1000.0  # type: ignore[index]
+    slow = feed(report)
+    assert slow["F"] == pytest.approx(2.4) and slow["F_base"] == "raw"
+    del report["modes"]["noop"]  # type: ignore[attr-defined]
+    assert feed(report)["F"] is None
+
+
+def test_feed_targets_and_lines_in_the_report() -> None:
+    report = _feed_report("sim", "graphed")
+    by_name = {t["target"]: t for t in targets(report)}
+    f_row = by_name["F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop)"]
+    assert f_row["goal"] == 0.8 and f_row["met"] is True
+    g_row = by_name["G (sim): model-side interpreter-lock wait / forward time, adaptive saturated"]
+    assert g_row["value"] == pytest.approx(0.2) and g_row["met"] is False
+    u_row = by_name["U (simulated device's counter): device busy under the backlog"]
+    assert u_row["value"] == 0.4 and u_row["goal"] is None and u_row["met"] is None
+    assert by_name["under the backlog: mean batch / raw's best batch"]["met"] is True
+    assert by_name["worker peak RSS (adaptive: the defaults, bursts included)"]["met"] is True
+    assert by_name["raw / sentence-transformers' encode, same device and texts"]["met"] is None
+    table = markdown(report)
+    assert "Feed (sim, graphed profile): F = 0.80, adaptive at 0 % repeats 2,400/s" in table
+    assert "G = 0.20 of the model's forward time" in table
+    assert "batches of 110.0 texts and 1,000 tokens against raw's best 200.0 and 4,000" in table
+    assert "encode: n/a on the simulated device" in table
+    assert (
+        "| U (simulated device's counter): device busy under the backlog | 0.40  | – "
+        "| reported |" in table
+    )
+    eager = {t["target"]: t for t in targets(_feed_report("sim", "eager"))}
+    assert eager["F (sim, eager profile): adaptive at 0 % repeats / min(raw, noop)"]["goal"] is None
+    slow = {t["target"]: t for t in targets(_feed_report("sim", "slow"))}
+    assert slow["F (sim, slow profile): adaptive at 0 % repeats / min(raw, noop)"]["goal"] == 0.95
+
+
+def test_model_stats_and_the_model_process_among_the_children(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.bench.stats import model_stats
+
+    before = parse_metrics("pipeline_model_forward_seconds_total 2.0\n"
+                           "pipeline_model_lock_wait_seconds_total 0.5\n")  # fmt: skip
+    after = parse_metrics("pipeline_model_forward_seconds_total 6.0\n"
+                          "pipeline_model_lock_wait_seconds_total 1.5\n")  # fmt: skip
+    assert model_stats(before, after) == {"model_forward_s": 4.0, "model_lock_wait_s": 1.0}
+    assert model_stats(None, after) == {"model_forward_s": None, "model_lock_wait_s": None}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "marker"])
+    try:
+        me = ProcProbe(os.getpid())
+        assert child.pid in me.children()
+        assert "time.sleep(30) marker" in ProcProbe(child.pid).cmdline()
+    finally:
+        child.kill()
+        child.wait()
+    assert ProcProbe(2**22 + 7).children() == [] and ProcProbe(2**22 + 7).cmdline() == ""
+
+
 # -- the small additions: noop model, fixed policy --------------------------------
 
 
 def test_noop_model_answers_without_weights() -> None:
     model = load_model(ModelSettings(task="noop"))
     preds = model.predict(["a b c", "hello"])
-    assert [p.embedding for p in preds] == [[1.0, 0.0, 0.0, 0.0]] * 2
+    assert [p.floats() for p in preds] == [[1.0, 0.0, 0.0, 0.0]] * 2
     assert ModelSettings(task="noop").model_id == "noop@1"
 
 
@@ -419,6 +601,7 @@ def test_help_lists_the_flags() -> None:
         "--seed",
         "--out",
         "--device",
+        "--sim-profile",
         "--bootstrap",
         "--workers",
         "--burst",
@@ -429,8 +612,11 @@ def test_help_lists_the_flags() -> None:
         "--set",
     ):
         assert flag in result.output
+    assert "sim" in result.output and "graphed" in result.output
     bad = CliRunner().invoke(main, ["bench", "--modes", "turbo"])
     assert bad.exit_code != 0 and "turbo" in bad.output
+    profile = CliRunner().invoke(main, ["bench", "--device", "sim", "--sim-profile", "warp"])
+    assert profile.exit_code == 2 and "warp" in profile.output
 
 
 @pytest.mark.parametrize(
