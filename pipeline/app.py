@@ -39,6 +39,7 @@ from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
 from pipeline.publish import Publisher
+from pipeline.registry import AnswerHeaders, register_answer_schemas
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
 from pipeline.worker.admission import LaneBounds
@@ -53,8 +54,9 @@ __all__ = ["app", "create_app", "settings"]
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> faust.App:
-    """Build the Faust app for ``settings``; nothing connects until the worker starts."""
+def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) -> faust.App:
+    """Build the Faust app for ``settings``; nothing connects until the worker starts.
+    ``answer_headers``: answers in the Schema Registry's framing (registered already)."""
     s = settings
     app = _App(
         s.worker.app_id,
@@ -86,7 +88,7 @@ def create_app(settings: Settings) -> faust.App:
         extra_topic_configs=changelog_config(s.dedupe.ttl_s),
     )
     lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}
-    holder = _RuntimeHolder(app, s, table, lane_of_topic)
+    holder = _RuntimeHolder(app, s, table, lane_of_topic, answer_headers)
     app.rebalance_hooks.append(holder.on_rebalance_start)
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
     for topic in lane_topics.values():
@@ -165,9 +167,15 @@ class _RuntimeHolder(Service):
     """Loads the model and runs the batch loop for the life of the worker."""
 
     def __init__(
-        self, app: faust.App, settings: Settings, table: Any, lane_of_topic: dict[str, str]
+        self,
+        app: faust.App,
+        settings: Settings,
+        table: Any,
+        lane_of_topic: dict[str, str],
+        answer_headers: AnswerHeaders | None = None,
     ) -> None:
         self.app = app
+        self.answer_headers = answer_headers
         self.settings = settings
         self.table = table
         self.runtime: Runtime | None = None
@@ -245,6 +253,7 @@ class _RuntimeHolder(Service):
             dlq_topic=s.topics.dlq_topic,
             on_fatal=self._answer_path_failed,
             send_nowait=self.answer_producer.send_nowait,
+            headers=self.answer_headers,
         )
         self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.produce_nowait)
         stored = StoredResults(self.changelog, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
@@ -363,7 +372,9 @@ try:
     faust_edge.check()
     settings = Settings.from_env()
     preflight(settings, ports="worker" in sys.argv[1:])
+    # Answers in the registry's framing: their schemas registered before the worker serves.
+    answer_headers = register_answer_schemas(settings) if "worker" in sys.argv[1:] else None
 except ConfigurationError as exc:  # one line, before the worker joins the group
     raise SystemExit(f"pipeline: {exc}") from None
 use_event_loop(settings.worker.event_loop)
-app = create_app(settings)
+app = create_app(settings, answer_headers)

@@ -8,7 +8,10 @@
 
 The producer is idempotent with ``acks=all`` and keys each request by its
 content hash with the Java client's partitioner (murmur2), so identical texts
-meet on one partition whichever client produced them.
+meet on one partition whichever client produced them. Requests are Avro
+single-object encoded, or (``framing="registry"``) in the Confluent Schema
+Registry's framing, the schema registered under each lane topic's
+``<topic>-value`` subject at ``PIPELINE_REGISTRY_URL``.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from pipeline.dedupe import content_hash
 from pipeline.errors import (
     BrokerUnavailable,
     ConfigurationError,
+    PipelineError,
     PublishError,
     ValidationError,
 )
 from pipeline.logs import LibrdkafkaLog
 from pipeline.reader import Answer, read_answers
+from pipeline.registry import RegistryClient, frame_header, subject_of
 from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import LANES, PREFIX, Settings
 from pipeline.worker.records import MAX_REQUEST_ID_CHARS
@@ -46,6 +51,9 @@ __all__ = [
     "require_bootstrap",
 ]
 
+#: How :class:`RequestProducer` frames requests.
+FRAMINGS = ("single-object", "registry")
+
 
 def request_bytes(
     text: str,
@@ -55,8 +63,10 @@ def request_bytes(
     deadline_ms: int | None = None,
     source: str = "",
     metadata: Mapping[str, str] | None = None,
+    header: bytes | None = None,
 ) -> tuple[str, bytes]:
-    """Encode an InferenceRequest; return ``(request_id, value)``."""
+    """Encode an InferenceRequest; return ``(request_id, value)``. ``header`` replaces
+    the single-object header (the registry's: :func:`pipeline.registry.frame_header`)."""
     rid = request_id or uuid.uuid4().hex
     value = request_codec().encode(
         {
@@ -66,7 +76,8 @@ def request_bytes(
             "deadline_ms": deadline_ms,
             "source": source,
             "metadata": dict(metadata or {}),
-        }
+        },
+        header=header,
     )
     return rid, value
 
@@ -135,6 +146,11 @@ class RequestProducer:
     ``connect_timeout_s`` is None: a request sent right after construction does
     not wait for the connection, and a wrong address, missing lane topics or
     refused credentials fail here, in one line, instead of at the first flush.
+
+    ``framing="registry"`` sends requests in the Confluent Schema Registry's
+    framing: the current InferenceRequest schema is registered under each lane
+    topic's ``<topic>-value`` subject when the producer is made (a registry
+    that refuses or does not answer is a ConfigurationError then).
     """
 
     def __init__(
@@ -143,9 +159,11 @@ class RequestProducer:
         *,
         source: str = "pipeline.client",
         connect_timeout_s: float | None = 10.0,
+        framing: str = "single-object",
     ) -> None:
         self.settings = settings
         self.source = source
+        self._headers = self._register(framing)
         self._errors: list[str] = []
         self.acked = 0
         #: Epoch ms when this producer was made: its requests' answers come after it.
@@ -170,6 +188,30 @@ class RequestProducer:
         )
         if connect_timeout_s is not None:
             self.connect(connect_timeout_s)
+
+    def _register(self, framing: str) -> dict[str, bytes | None]:
+        """Each lane's frame header: None (single-object), or the registry's."""
+        if framing not in FRAMINGS:
+            raise ConfigurationError(f"framing {framing!r}: expected one of {', '.join(FRAMINGS)}")
+        if framing == "single-object":
+            return dict.fromkeys(LANES)
+        reg = self.settings.registry
+        if not reg.enabled:
+            raise ConfigurationError(
+                f"registry framing needs the Schema Registry's address: set {PREFIX}REGISTRY_URL"
+            )
+        client = RegistryClient(reg)
+        text = request_codec().current.path.read_text(encoding="utf-8")
+        headers: dict[str, bytes | None] = {}
+        for lane in LANES:
+            subject = subject_of(self.settings.topics.lane_topic(lane))
+            try:
+                headers[lane] = frame_header(client.register(subject, text))
+            except PipelineError as exc:
+                raise ConfigurationError(
+                    f"cannot register InferenceRequest under {subject} at {reg.url}: {exc}"
+                ) from exc
+        return headers
 
     def connect(self, timeout_s: float = 10.0) -> None:
         """Connect to the cluster now, so the first requests do not wait for it.
@@ -261,6 +303,7 @@ class RequestProducer:
             deadline_ms=deadline_ms,
             source=self.source,
             metadata=metadata,
+            header=self._headers[lane],
         )
         cap = self.settings.validation.max_payload_bytes
         if len(value) > cap:

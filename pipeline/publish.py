@@ -19,9 +19,10 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from pipeline.codec import dead_letter_codec, result_codec
+from pipeline.codec import HEADER_LEN, dead_letter_codec, result_codec
 from pipeline.errors import AnswerPathFailure, PublishRejected
 from pipeline.inference import Prediction
+from pipeline.registry import AnswerHeaders
 from pipeline.settings import RetrySettings
 from pipeline.worker.records import Origin, Request
 
@@ -156,8 +157,13 @@ class Publisher:
         dlq_topic: str,
         on_fatal: FatalFn | None = None,
         send_nowait: SendNowFn | None = None,
+        headers: AnswerHeaders | None = None,
     ) -> None:
         self._send = send
+        #: The Confluent framing's headers (PIPELINE_REGISTRY_ANSWER_FRAMING=registry), or
+        #: None: Avro single-object encoding. Either way the bytes a result's dedupe entry
+        #: stores are single-object encoded.
+        self._headers = headers
         self._send_nowait = send_nowait
         self.results_topic = results_topic
         self.dlq_topic = dlq_topic
@@ -205,12 +211,19 @@ class Publisher:
             value = result_codec().encode(record)
         except Exception as exc:  # nothing was sent: a definite failure
             raise PublishRejected(f"cannot encode the result: {type(exc).__name__}: {exc}") from exc
+        wire = self._framed(value)
         if self._send_nowait is not None:
             try:
-                return value, self._acked(self._send_nowait(self.results_topic, key, value))
+                return value, self._acked(self._send_nowait(self.results_topic, key, wire))
             except BufferError:  # the producer's queue is full: wait for room when awaited
                 pass
-        return value, self._send_acked(self.results_topic, key, value)
+        return value, self._send_acked(self.results_topic, key, wire)
+
+    def _framed(self, value: bytes) -> bytes:
+        """A single-object-encoded result as it goes to the results topic."""
+        if self._headers is None:
+            return value
+        return self._headers.result + value[HEADER_LEN:]
 
     async def _acked(self, ack: Awaitable[Any]) -> None:
         try:
@@ -221,7 +234,7 @@ class Publisher:
             raise self.fail(exc) from exc
 
     async def result(self, key: bytes | None, record: dict[str, Any]) -> bytes:
-        """Publish a result; return its encoded bytes once acknowledged.
+        """Publish a result; return its single-object-encoded bytes once acknowledged.
 
         Raises PublishRejected (not written: answer with a dead letter) or
         AnswerPathFailure (the worker is stopping; leave the input unreleased).
@@ -230,7 +243,7 @@ class Publisher:
             value = result_codec().encode(record)
         except Exception as exc:  # nothing was sent: a definite failure
             raise PublishRejected(f"cannot encode the result: {type(exc).__name__}: {exc}") from exc
-        await self._send_acked(self.results_topic, key, value)
+        await self._send_acked(self.results_topic, key, self._framed(value))
         return value
 
     async def dead_letter(self, record: dict[str, Any]) -> None:
@@ -239,7 +252,8 @@ class Publisher:
         Raises AnswerPathFailure when it is not acknowledged, for whatever reason.
         """
         try:
-            value = dead_letter_codec().encode(record)
+            header = None if self._headers is None else self._headers.dead_letter
+            value = dead_letter_codec().encode(record, header=header)
             await self._send_acked(self.dlq_topic, record.get("key"), value)
         except PublishRejected as exc:
             raise self.fail(AnswerPathFailure(f"dead letter refused: {exc}")) from exc

@@ -4,8 +4,9 @@
 topics itself (no consumer-group rebalance, nothing committed) from where the
 caller says: the beginning, the end (answers written from now on), or the
 first answer written at or after an epoch-ms time. It decodes every encoding
-the codecs read (Avro single-object or JSON); records that decode as neither
-are skipped.
+the codecs read (Avro single-object, JSON, or the Confluent Schema Registry's
+framing when ``PIPELINE_REGISTRY_URL`` is set, its writer schemas looked up
+there); records that decode as none are skipped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from confluent_kafka import TopicPartition as TP
 from pipeline.codec import dead_letter_codec, result_codec
 from pipeline.errors import BrokerUnavailable, ConfigurationError, PermanentError
 from pipeline.logs import librdkafka_log
+from pipeline.registry import writer_lookup
 from pipeline.security import AuthWatch, client_config, connect
 from pipeline.settings import Settings
 
@@ -144,7 +146,8 @@ def read_answers(
     ``on_start`` is called once the start offsets are fixed: an answer written
     after that call is read.
     Raises BrokerUnavailable when no broker answers, ConfigurationError when
-    the topics do not exist.
+    the topics do not exist, RegistryUnavailable when a registry-framed answer's
+    schema is needed and the registry does not answer.
     """
     begun = time.monotonic()
     watch = AuthWatch(settings)
@@ -160,6 +163,7 @@ def read_answers(
     )
     results, dlq = settings.topics.results_topic, settings.topics.dlq_topic
     codecs = {results: ("result", result_codec()), dlq: ("dead_letter", dead_letter_codec())}
+    writer_of = writer_lookup(settings.registry)
     try:
         meta = connect(consumer, watch, 10.0 if timeout_s is None else min(timeout_s, 10.0))
         missing = [t for t in (results, dlq) if t not in meta.topics]
@@ -192,7 +196,7 @@ def read_answers(
             stop.read(topic, partition, offset)
             kind, codec = codecs[topic]
             try:
-                record = codec.decode_any(msg.value())
+                record = codec.decode_any(msg.value(), writer_of)
             except PermanentError:
                 continue
             answer = Answer(kind, record, topic, partition, offset, msg.timestamp()[1])

@@ -33,16 +33,20 @@ from pipeline.errors import (
     RegistryUnavailable,
     UnknownSchemaId,
 )
-from pipeline.settings import RegistrySettings
+from pipeline.settings import RegistrySettings, Settings
 
 __all__ = [
     "FRAME_LEN",
     "MAGIC",
+    "AnswerHeaders",
     "RegistryClient",
+    "SchemaCache",
     "WriterSchema",
     "frame_header",
+    "register_answer_schemas",
     "split_frame",
     "subject_of",
+    "writer_lookup",
 ]
 
 MAGIC = b"\x00"
@@ -183,3 +187,63 @@ class RegistryClient:
         if not isinstance(answer, dict) or not isinstance(answer.get("id"), int):
             raise RegistryUnavailable(f"POST /subjects/{subject}/versions: no id in {answer!r}")
         return int(answer["id"])
+
+
+class SchemaCache:
+    """Writer schemas by id for a blocking reader (``pipeline answers``, replay): each
+    id asked of the registry once. Call it as ``writer_of`` of
+    :meth:`pipeline.codec.Codec.decode_any`."""
+
+    def __init__(self, settings: RegistrySettings) -> None:
+        self._client = RegistryClient(settings)
+        self._known: dict[int, Any] = {}
+
+    def __call__(self, schema_id: int) -> Any:
+        parsed = self._known.get(schema_id)
+        if parsed is None:
+            parsed = self._known[schema_id] = self._client.schema(schema_id).parsed
+        return parsed
+
+
+def writer_lookup(settings: RegistrySettings) -> SchemaCache | None:
+    """A :class:`SchemaCache` when a registry is configured, else None."""
+    return SchemaCache(settings) if settings.enabled else None
+
+
+@dataclass(frozen=True)
+class AnswerHeaders:
+    """The Confluent frame headers of the worker's results and dead letters."""
+
+    result: bytes
+    dead_letter: bytes
+
+
+def register_answer_schemas(settings: Settings) -> AnswerHeaders | None:
+    """With ``PIPELINE_REGISTRY_ANSWER_FRAMING=registry``: register the current
+    InferenceResult and DeadLetter schemas under ``<results topic>-value`` and
+    ``<dead-letter topic>-value`` (the topic-name strategy's subjects, where
+    confluent-kafka's ``AvroDeserializer`` users expect them) and return their frame
+    headers; None with the default framing. Blocking: call it before serving.
+
+    Raises ConfigurationError (one line) when the registry refuses or does not answer.
+    """
+    from pipeline.codec import dead_letter_codec, result_codec
+
+    reg = settings.registry
+    if reg.answer_framing != "registry":
+        return None
+    client = RegistryClient(reg)
+    headers = []
+    for topic, codec in (
+        (settings.topics.results_topic, result_codec()),
+        (settings.topics.dlq_topic, dead_letter_codec()),
+    ):
+        text = json.dumps(json.loads(codec.current.path.read_text(encoding="utf-8")))
+        try:
+            headers.append(frame_header(client.register(subject_of(topic), text)))
+        except (RegistryUnavailable, DecodeError) as exc:
+            raise ConfigurationError(
+                f"PIPELINE_REGISTRY_ANSWER_FRAMING=registry: cannot register {codec.current.name} "
+                f"under {subject_of(topic)} at {reg.url}: {exc}"
+            ) from exc
+    return AnswerHeaders(result=headers[0], dead_letter=headers[1])

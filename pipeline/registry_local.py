@@ -16,6 +16,8 @@ the registry framing out by hand.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -36,8 +38,16 @@ __all__ = ["SOURCE", "LocalRegistry", "RunningRegistry"]
 SOURCE = Path(__file__).resolve().parent.parent / "ops" / "schema-registry"
 
 
+def _source_digest() -> str:
+    """A digest of the server's source: a changed main.go builds a new binary."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum", "main.go"):
+        digest.update((SOURCE / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _module_version() -> str:
-    """The pinned franz-go sr version, from go.mod (the cache is per version)."""
+    """The pinned franz-go sr version, from go.mod."""
     match = re.search(r"github\.com/twmb/franz-go/pkg/sr (v\S+)", (SOURCE / "go.mod").read_text())
     if match is None:
         raise ConfigurationError(f"{SOURCE}/go.mod does not pin github.com/twmb/franz-go/pkg/sr")
@@ -86,7 +96,7 @@ class LocalRegistry:
     def __init__(self, cache_dir: str | Path | None = None) -> None:
         root = Path(cache_dir or Path(_default_cache()) / "schema-registry").expanduser()
         self.version = _module_version()
-        self.binary = root / self.version / "schema-registry"
+        self.binary = root / f"{self.version}-{_source_digest()}" / "schema-registry"
 
     def has_binary(self) -> bool:
         return self.binary.is_file() and os.access(self.binary, os.X_OK)
@@ -126,11 +136,28 @@ class LocalRegistry:
                 os.unlink(tmp)
         return self.binary
 
-    def start(self, port: int = 0, *, auth: str = "", timeout_s: float = 10.0) -> RunningRegistry:
+    def start(
+        self,
+        port: int = 0,
+        *,
+        auth: str = "",
+        seed: list[tuple[str, str]] | None = None,
+        timeout_s: float = 10.0,
+    ) -> RunningRegistry:
         """Start a server on ``127.0.0.1:port`` (0: a free one); return once it answers.
-        ``auth``: an exact ``Authorization`` header every request must carry."""
+        ``auth``: an exact ``Authorization`` header every request must carry. ``seed``:
+        ``(subject, schema)`` pairs registered in order before it listens (ids 1, 2, ...
+        in that order): a restart that keeps what a real registry would have kept."""
         binary = self.ensure_binary()
         args = [str(binary), "-addr", f"127.0.0.1:{port}"] + (["-auth", auth] if auth else [])
+        if not seed:
+            return self._start(args, auth, timeout_s)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "seed.json"
+            path.write_text(json.dumps([{"subject": sub, "schema": text} for sub, text in seed]))
+            return self._start([*args, "-seed", str(path)], auth, timeout_s)
+
+    def _start(self, args: list[str], auth: str, timeout_s: float) -> RunningRegistry:
         errors = tempfile.TemporaryFile()  # noqa: SIM115 (RunningRegistry.stop closes it)
         process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=errors, start_new_session=True

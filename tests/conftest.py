@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from hypothesis import settings as hypothesis_settings
 from support import on_ci, require
 
 from pipeline.kafka_local import LocalKafka
+from pipeline.registry_local import LocalRegistry, RunningRegistry
 from pipeline.settings import Settings, TopicSettings
 
 if TYPE_CHECKING:
@@ -204,6 +206,27 @@ def make_local_kafka(tmp_path: Path) -> Iterator[Callable[[], LocalKafka]]:
     yield make
     for broker in made:
         broker.down()
+
+
+@pytest.fixture(scope="session")
+def local_registry() -> LocalRegistry:
+    """The Schema Registry server (franz-go's srfake), built once into the cache.
+    Without Go (and no cached build) the test skips, or fails on CI."""
+    registry = LocalRegistry()
+    if not registry.has_binary():
+        require(
+            shutil.which("go"),
+            "go 1.24+ on PATH, to build the local Schema Registry (./run setup builds it)",
+        )
+        registry.ensure_binary()
+    return registry
+
+
+@pytest.fixture
+def schema_registry(local_registry: LocalRegistry) -> Iterator[RunningRegistry]:
+    """A fresh, empty Schema Registry on a free loopback port, for one test."""
+    with local_registry.start() as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -90,11 +90,25 @@ def _lines(source: BinaryIO) -> Any:
     show_default=True,
     help="Lane for lines that do not name one.",
 )
+@click.option(
+    "--format",
+    "framing",
+    type=click.Choice(["single-object", "registry"]),
+    default="single-object",
+    show_default=True,
+    help="Avro single-object encoding, or the Confluent Schema Registry's framing (the "
+    "schema registered under each lane topic's <topic>-value at PIPELINE_REGISTRY_URL).",
+)
 @connect_timeout_option
 @click.argument("source", type=click.File("rb"), default="-")
 @click.pass_obj
-def produce(
-    settings: Settings, bootstrap: str | None, lane: str, connect_timeout: float, source: BinaryIO
+def produce(  # noqa: PLR0917  (one parameter per flag, as click passes them)
+    settings: Settings,
+    bootstrap: str | None,
+    lane: str,
+    framing: str,
+    connect_timeout: float,
+    source: BinaryIO,
 ) -> None:
     """Send texts from SOURCE (a file, or - for stdin) as inference requests.
 
@@ -114,7 +128,7 @@ def produce(
     sent = 0
     target = with_bootstrap(settings, bootstrap)
     with RequestProducer(
-        target, source="pipeline produce", connect_timeout_s=connect_timeout
+        target, source="pipeline produce", connect_timeout_s=connect_timeout, framing=framing
     ) as producer:
         lines = tqdm(_lines(source), unit=" req", disable=None, file=sys.stderr, desc="producing")
         for number, line, error in lines:

@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from pipeline.answer_producer import BROKER_MAX_MESSAGE_BYTES
 from pipeline.codec import dead_letter_codec
-from pipeline.errors import ConfigurationError, DecodeError, PublishError
+from pipeline.errors import ConfigurationError, PermanentError, PublishError
+from pipeline.registry import writer_lookup
 from pipeline.replay.kafka import ReplayKafka, headers_of, position_of
 from pipeline.replay.plan import (
     ALREADY_SENT,
@@ -120,9 +121,14 @@ class ReplayReport:
 
 
 def _select(
-    kafka: ReplayKafka, dlq: str, options: ReplayOptions, report: ReplayReport
+    kafka: ReplayKafka,
+    dlq: str,
+    options: ReplayOptions,
+    report: ReplayReport,
+    writer_of: Callable[[int], Any] | None = None,
 ) -> list[DeadLetter]:
-    """Steps 1 and 2: end offsets first, then read, decode and filter."""
+    """Steps 1 and 2: end offsets first, then read, decode (registry-framed dead letters
+    with ``writer_of``) and filter."""
     watermarks = kafka.watermarks(dlq)
     looked_up: dict[int, int] | None = None
     if options.start.kind == "time":
@@ -136,8 +142,8 @@ def _select(
     for msg in kafka.read(ranges, desc="reading dead letters", progress=options.progress):
         report.read += 1
         try:
-            record = codec.decode(msg.value())
-        except DecodeError:
+            record = codec.decode_any(msg.value(), writer_of)
+        except PermanentError:
             report.undecodable += 1
             continue
         if options.filters.matches(record):
@@ -248,7 +254,8 @@ def replay(
         kafka.require(dlq, "dead-letter")
         if options.to_topic:
             kafka.require(options.to_topic, "destination (--to)")
-        chosen = _whole(kafka, _select(kafka, dlq, options, report), report)
+        writer_of = writer_lookup(settings.registry)
+        chosen = _whole(kafka, _select(kafka, dlq, options, report, writer_of), report)
         report.summary = summarize(chosen)
         dests = {options.to_topic} if options.to_topic else set()
         since = min((int(d.record["original_timestamp_ms"]) for d in chosen), default=0)
