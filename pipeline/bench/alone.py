@@ -148,7 +148,8 @@ def run_st(
 
     from pipeline.inference.loading import check_model_settings, resolve_dtype
 
-    device, folder, _hint = check_model_settings(model_settings)
+    device_name, folder, _hint = check_model_settings(model_settings)
+    device = torch.device(device_name)
     dtype = resolve_dtype(model_settings, device)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     st = SentenceTransformer(

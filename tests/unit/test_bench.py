@@ -453,6 +453,28 @@ def test_raw_on_the_simulated_device_sorts_everything_and_picks_its_best_budget(
     assert read_busy_s(device) > 0  # the simulated device did the work
 
 
+def test_run_bench_on_sim_gives_raw_its_device_and_profile_and_st_is_not_applicable(
+    tmp_path: Path,
+) -> None:
+    """Neither mode touches Kafka: raw runs the run's own simulated device, st says why
+    it did not run, and the report says so."""
+    from pipeline.bench import BenchConfig, run_bench
+    from pipeline.settings import Settings
+
+    config = BenchConfig(modes=("raw", "st"), requests=40, device="sim", sim_profile="traced",
+                         raw_budgets=(4096,), out=tmp_path)  # fmt: skip
+    report = run_bench(config, Settings.from_env({}), "127.0.0.1:1")
+    (raw,) = report["modes"]["raw"]["phases"]
+    assert raw["device"] == "sim" and raw["dtype"] == "sim-traced" and raw["answered"] == 40
+    assert report["modes"]["st"] == {
+        "mode": "st", "skipped": "n/a on --device sim", "phases": [], "timeline": []
+    }  # fmt: skip
+    assert not (tmp_path / "work").exists()  # the device file went with the run's work folder
+    table = markdown(report)
+    assert "| raw | saturate |" in table and "on sim (sim-traced)" in table
+    assert "encode: n/a on the simulated device" in table
+
+
 # -- the feed: F, G, U ---------------------------------------------------------------
 
 
