@@ -43,6 +43,7 @@ from pipeline.registry import AnswerHeaders, register_answer_schemas
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
 from pipeline.worker.admission import LaneBounds
+from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import LaneBuffer
 from pipeline.worker.lane_reader import Consumer as ReaderConsumer
 from pipeline.worker.lane_reader import LaneReader
@@ -101,6 +102,8 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         lanes = [tp for tp in revoked if tp.topic in lane_of_topic]
         holder.reader.revoked(lanes)
         for tp in lanes:
+            holder.passed.forget(tp)
+        for tp in lanes:
             holder.start_offsets.forget((tp.topic, tp.partition))
             if holder.runtime is not None:
                 holder.runtime.forget_partition(tp.topic, tp.partition)
@@ -109,12 +112,19 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _look_up_starts(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        # Records are buffered from the first assignment on, maybe before the holder
+        # starts: a rebalance from then on must reach the worker's loop (on_rebalance_start).
+        holder.on_loop(asyncio.get_running_loop())
         holder.start_offsets.assigned(
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
     faust_edge.install(
-        lane_names, holder.buffer.put, fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms
+        lane_names,
+        holder.buffer.put,
+        fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
+        isolation_level=settings.kafka.isolation_level,
+        passed=holder.passed,
     )
 
     return app
@@ -197,6 +207,8 @@ class _RuntimeHolder(Service):
             pause=lambda tp: faust_edge.pause_fetch(app.consumer, tp),
             resume=lambda tp: faust_edge.resume_fetch(app.consumer, tp),
         )
+        # Offsets the fetcher walked past without a record: holes the reader passes at once.
+        self.passed = faust_edge.PassedOffsets(lane_of_topic)
         self.reader = LaneReader(
             self.buffer,
             lane_of_topic,
@@ -208,12 +220,24 @@ class _RuntimeHolder(Service):
                 position=lambda tp: app.consumer.position(tp),  # noqa: PLW0108
                 pass_end=lambda tp, low, high: faust_edge.pass_end(app.consumer, tp, low, high),
             ),
+            continuity=Continuity(explains=self.passed.explains),
+            on_passed=self._offsets_passed,
         )
         self.continuity = self.reader.continuity
         super().__init__()
 
+    def _offsets_passed(self, count: int, explained: bool) -> None:
+        self.metrics.offsets_passed(count, explained)  # self.metrics is replaced at start
+
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker's event loop, known from the first assignment on."""
+        self._loop = self._loop or loop
+
     def on_rebalance_start(self) -> None:
-        """Called on the consumer's thread: hand the give-up to the worker's loop."""
+        """Called on the consumer's thread: hand the give-up to the worker's loop. A
+        rebalance before the holder started (between the first assignment and Faust's
+        services starting) drops the buffered records too: Faust's revoke waits for
+        every one (``wait_empty``), and nothing would take them meanwhile."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._give_up_unstarted)
 

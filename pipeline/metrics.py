@@ -73,6 +73,7 @@ STAGES = ("decode", "validate", "infer", "expired", "publish")
 DEDUPE_LEVELS = ("batch", "inflight", "stored")
 REASONS = ("deadline", "aged", "full", "window", "expired")
 BREAKER_STATES = ("closed", "open", "half_open")
+PASSED_HOW = ("log", "seeks")
 
 # name -> (type, help). Counters are listed without `_total`, as
 # prometheus_client names them; histograms expose _bucket/_count/_sum.
@@ -104,6 +105,12 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pipeline_token_budget": ("gauge", "current padded-token budget of a batch"),
     "pipeline_token_budget_changes": ("counter", "budget changes by the controller"),
     "pipeline_lane_paused": ("gauge", "1 while a lane's topic is paused (backpressure)"),
+    "pipeline_lane_offsets_passed": (
+        "counter",
+        "lane offsets holding no record, passed: how=log (the fetch walked past them: "
+        "a transaction marker, an aborted or compacted record), how=seeks (confirmed by "
+        "repeated seeks back)",
+    ),
     "pipeline_device_utilisation_ratio": ("gauge", "GPU utilisation, 0..1 (NVML)"),
     "pipeline_device_memory_used_bytes": ("gauge", "GPU memory in use"),
     "pipeline_device_memory_total_bytes": ("gauge", "GPU memory in all"),
@@ -198,7 +205,10 @@ class PipelineMetrics:
         self._oldest = gauge("pipeline_oldest_unreleased_input_seconds")
         self._budget = gauge("pipeline_token_budget")
         self._budget_changes = counter("pipeline_token_budget_changes", ["direction"])
-        self._paused = gauge("pipeline_lane_paused", ["lane"])
+        self._paused, self._passed = (
+            gauge("pipeline_lane_paused", ["lane"]),
+            counter("pipeline_lane_offsets_passed", ["how"]),
+        )
         self._util = gauge("pipeline_device_utilisation_ratio")
         self._mem_used = gauge("pipeline_device_memory_used_bytes")
         self._mem_total = gauge("pipeline_device_memory_total_bytes")
@@ -233,8 +243,9 @@ class PipelineMetrics:
             self._dedupe.touch((level,))
         for reason in REASONS:
             self._batches.labels(reason=reason)
-        for direction in ("grow", "shrink"):
+        for direction, how in zip(("grow", "shrink"), PASSED_HOW, strict=True):
             self._budget_changes.labels(direction=direction)
+            self._passed.labels(how=how)
         for generation in ("0", "1", "2"):
             self._gc_pause.labels(generation=generation)
         for outcome in REGISTRY_OUTCOMES:
@@ -356,6 +367,10 @@ class PipelineMetrics:
 
     def consumer_lag(self, topic: str, partition: int, lag: int) -> None:
         self._lag.labels(topic=topic, partition=str(partition)).set(max(0, lag))
+
+    def offsets_passed(self, count: int, explained: bool) -> None:
+        """``count`` lane offsets that hold no record were passed (see the family)."""
+        self._passed.labels(how=PASSED_HOW[0] if explained else PASSED_HOW[1]).inc(count)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop a revoked partition's lag series (another worker reports it now)."""

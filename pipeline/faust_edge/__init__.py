@@ -13,7 +13,12 @@ made here, and nowhere else:
   lane offsets before) never touch one, and a lane offset is acked to Faust
   only when the pipeline's watermark released it (:func:`releaser`);
 - a hole the consumer really has (offsets that do not exist) is let through
-  to Faust's commit explicitly (:func:`add_gap`);
+  to Faust's commit explicitly (:func:`add_gap`); the offsets aiokafka's fetcher
+  walks past without a record (a transaction's marker, an aborted or compacted
+  record) are noted (:class:`PassedOffsets`, :func:`note_passed`), so the reader
+  passes such a hole at once, without a seek back or a word above DEBUG;
+- the consumer reads with the isolation level of ``PIPELINE_KAFKA_ISOLATION_LEVEL``
+  (``read_committed`` by default; Faust asks for it only with ``exactly_once``);
 - a record the reader passes over is dropped from Faust's unacked set, so a
   stopping worker does not wait for it (:func:`forget`);
 - the answered inputs are committed when a rebalance revokes their partitions
@@ -48,6 +53,7 @@ stops the worker with one line before it joins the consumer group.
 
 The package's files: ``consumer.py``, the consumer's patches and the calls
 the lane reader makes on it (everything above but the dedupe table);
+``passed.py``, the offsets the fetcher passed without a record;
 ``store.py``, the dedupe table's store and changelog (:class:`ChangelogStore`,
 :func:`in_partition_of`); this file, the start-up check.
 """
@@ -58,6 +64,7 @@ import importlib.metadata
 import inspect
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.fetcher import FetchResult, PartitionRecords
 from faust.transport.consumer import Consumer, ThreadDelegateConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from mode.threads import ServiceThread
@@ -68,6 +75,7 @@ from pipeline.faust_edge.consumer import (
     committed,
     forget,
     install,
+    note_passed,
     pass_end,
     pause_fetch,
     releaser,
@@ -75,17 +83,20 @@ from pipeline.faust_edge.consumer import (
     seek_to_committed_or_start,
     set_fetch_max_wait,
 )
+from pipeline.faust_edge.passed import PassedOffsets
 from pipeline.faust_edge.store import ChangelogStore, in_partition_of
 
 __all__ = [
     "TESTED_FAUST",
     "ChangelogStore",
+    "PassedOffsets",
     "add_gap",
     "check",
     "committed",
     "forget",
     "in_partition_of",
     "install",
+    "note_passed",
     "pass_end",
     "pause_fetch",
     "releaser",
@@ -125,7 +136,13 @@ _INSTANCE_STATE = (
     (ThreadDelegateConsumer, "_thread"),
     (ServiceThread, "thread_loop"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms"),
+    (AIOKafkaConsumer, "_isolation_level"),
+    (FetchResult, "_partition_records"),
+    (FetchResult, "_topic_partition"),
+    (PartitionRecords, "next_fetch_offset"),
 )
+#: Methods of aiokafka's classes replaced here.
+_AIOKAFKA_METHODS = ((FetchResult, "getall"),)
 
 
 def check(
@@ -160,6 +177,7 @@ def check(
         for cls, name in _INSTANCE_STATE
         if f"self.{name}" not in _init_source(cls)
     ]
+    missing += [f"{c.__name__}.{name}" for c, name in _AIOKAFKA_METHODS if not hasattr(c, name)]
     for name in ("set_persisted_offset", "_db_for_partition"):
         if not hasattr(store, name):
             missing.append(f"faust.stores.rocksdb.Store.{name}")

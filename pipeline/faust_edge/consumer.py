@@ -10,17 +10,21 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
+from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
+from pipeline.faust_edge.passed import PassedOffsets
+
 __all__ = [
     "add_gap",
     "committed",
     "forget",
     "install",
+    "note_passed",
     "pass_end",
     "pause_fetch",
     "releaser",
@@ -38,12 +42,18 @@ _ORIGINAL_ON_PARTITIONS_REVOKED: Any = getattr(Consumer, "on_partitions_revoked"
 _ORIGINAL_CREATE_WORKER_CONSUMER: Any = getattr(
     AIOKafkaConsumerThread, "_create_worker_consumer", None
 )
+_ORIGINAL_GETALL: Any = getattr(FetchResult, "getall", None)
 #: Commits at a revoke, at most: each takes the acks that arrived during the one before.
 _REVOKE_COMMIT_ROUNDS = 10
 
 
 def install(
-    lane_topics: frozenset[str], sink: Callable[[list[Any]], None], *, fetch_max_wait_ms: int
+    lane_topics: frozenset[str],
+    sink: Callable[[list[Any]], None],
+    *,
+    fetch_max_wait_ms: int,
+    isolation_level: str | None = None,
+    passed: PassedOffsets | None = None,
 ) -> None:
     """Patch Faust's consumer for ``lane_topics`` (see :mod:`pipeline.faust_edge`).
 
@@ -55,7 +65,8 @@ def install(
     streams. The consumer thread's seek back to the committed offsets goes
     through :func:`seek_to_committed_or_start`, on that thread.
 
-    Fetches: see :func:`set_fetch_max_wait`.
+    Fetches: see :func:`set_fetch_max_wait` (``isolation_level`` too). Offsets the
+    fetcher passes without a record are noted in ``passed`` (see :func:`note_passed`).
 
     Revokes: ``Consumer.on_partitions_revoked`` first commits what was acked
     on the revoked partitions (see :func:`_commit_then_revoke`). Seeks back:
@@ -91,12 +102,38 @@ def install(
     AIOKafkaConsumerThread.seek_to_committed = (  # type: ignore[method-assign]
         seek_lanes_to_committed_or_start
     )
-    set_fetch_max_wait(fetch_max_wait_ms)
+    set_fetch_max_wait(fetch_max_wait_ms, isolation_level=isolation_level)
+    if passed is not None:
+        note_passed(passed)
 
 
-def set_fetch_max_wait(fetch_max_wait_ms: int) -> None:
+def note_passed(passed: PassedOffsets) -> None:
+    """Note in ``passed`` the offsets aiokafka's fetcher walks past without handing a
+    record over (a transaction's marker, an aborted or compacted record): its
+    ``FetchResult.getall`` hands over nothing unless its data starts at the consumer's
+    position, and moves the position past all it walked (see
+    :mod:`pipeline.faust_edge.passed`). Runs on the consumer's thread, in the call
+    that moves the position, so a note is made before its records reach the reader
+    and before the position that passed it can be read."""
+    getall = _ORIGINAL_GETALL
+
+    def getall_noting_passed(self: Any, max_records: int | None = None) -> Any:
+        walked = self._partition_records  # None once drained; getall may drop it too
+        if walked is None:
+            return getall(self, max_records)
+        start = walked.next_fetch_offset  # the position, when getall hands anything over
+        records = getall(self, max_records)
+        passed.note(self._topic_partition, start, records, walked.next_fetch_offset)
+        return records
+
+    FetchResult.getall = getall_noting_passed
+
+
+def set_fetch_max_wait(fetch_max_wait_ms: int, *, isolation_level: str | None = None) -> None:
     """Make every Faust worker consumer made from now on wait at most
-    ``fetch_max_wait_ms`` in a fetch (Faust hard-codes 1500).
+    ``fetch_max_wait_ms`` in a fetch (Faust hard-codes 1500), and read with
+    ``isolation_level`` when given (Faust asks for ``read_committed`` only with
+    ``exactly_once`` processing; ``read_uncommitted`` otherwise).
 
     aiokafka sends one fetch at a time to a broker, and leaves out of it the
     partitions whose last fetched records were not yet taken. A fetch sent then
@@ -110,7 +147,10 @@ def set_fetch_max_wait(fetch_max_wait_ms: int) -> None:
 
     def create_with_fetch_wait(self: Any, transport: Any) -> Any:
         consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read when start() makes its fetcher
+        # Both are read when the consumer's start() makes its fetcher.
+        consumer._fetch_max_wait_ms = fetch_max_wait_ms
+        if isolation_level is not None:
+            consumer._isolation_level = isolation_level
         return consumer
 
     AIOKafkaConsumerThread._create_worker_consumer = (  # type: ignore[method-assign]

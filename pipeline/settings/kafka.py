@@ -21,8 +21,19 @@ class KafkaSettings:
         "paused while its lane was full is fetched again at most about this long after it "
         "resumes (Faust's own: 1500)",
     )
+    isolation_level: str = _field(
+        "read_committed",
+        "worker: read_committed (records of aborted transactions are never answered, and "
+        "nothing past an open transaction is read until it ends) or read_uncommitted "
+        "(every record is answered, aborted ones too; Faust's own without exactly_once)",
+    )
 
     def __post_init__(self) -> None:
+        if self.isolation_level not in ("read_committed", "read_uncommitted"):
+            raise ConfigurationError(
+                f"PIPELINE_KAFKA_ISOLATION_LEVEL={self.isolation_level!r}: expected "
+                "read_committed or read_uncommitted"
+            )
         if not 0 <= self.fetch_max_wait_ms <= 60_000:
             raise ConfigurationError(
                 f"PIPELINE_KAFKA_FETCH_MAX_WAIT_MS={self.fetch_max_wait_ms}: expected 0..60000 ms"

@@ -9,14 +9,20 @@ the fault tests saw hundreds of requests committed without any answer after
 worker restarts under load.
 
 So the lane reader checks every lane record against the next offset it
-expected for its partition. A record past that offset means records were
+expected for its partition. A jump the broker's log explains is passed at once:
+offsets the consumer's fetcher walked past without a record (a transaction's
+control marker, an aborted transaction's records under ``read_committed``, a
+record compaction removed) hold nothing to answer (``explains``, injected:
+:class:`pipeline.faust_edge.PassedOffsets` in the worker); such a hole is
+``Verdict.explained``, and the reader says nothing about it above DEBUG. Any
+other record past the expected offset means records were
 skipped: the reader seeks back and reads them again. Records buffered before
 the seek (all past the hole) are passed over, and so is a record delivered
 again below the expected offset: it was processed already, and processing it
 again would only answer it twice. The first record fetched after the seek
 tells what happened: the one sought for (the hole is filled), or a later one,
-still inside the hole (those offsets did not come back). A hole is accepted as
-real (transaction markers, say) only when the same first record comes back
+still inside the hole (those offsets did not come back). A hole the log did not
+explain is accepted as real only when the same first record comes back
 after :data:`SEEKS_BEFORE_ACCEPTING` seeks in a row; a record that repeats,
 or a stream that restarts past the hole, means a seek was lost, and it is
 redone; so is a seek whose records have not come back within
@@ -28,7 +34,8 @@ position tells (:meth:`Continuity.at_end`, asked by a timer for partitions
 with nothing buffered): a position past the next expected offset means
 offsets were passed without a record reaching the reader, dropped records or
 offsets that hold none (a transaction's marker, written after its last
-record). It is sought back for in the same way; when the position comes back
+record). Offsets the log explains are passed at once, as above; others are
+sought back for in the same way; when the position comes back
 to the same offset with no record :data:`SEEKS_BEFORE_ACCEPTING` times, the
 offsets are accepted as holding none, so the group can commit past them (its
 lag would read 1 forever otherwise). Faust's own seek back to the committed
@@ -50,18 +57,27 @@ __all__ = ["SEEKS_BEFORE_ACCEPTING", "Continuity", "Verdict"]
 #: Seeks whose first record is the same one past the hole before it is accepted.
 SEEKS_BEFORE_ACCEPTING = 2
 
+#: Whether offsets (from, to inclusive) of a partition are known to hold no record.
+Explains = Callable[[Hashable, int, int], bool]
+
+
+def _unexplained(partition: Hashable, low: int, high: int) -> bool:
+    return False
+
 
 @dataclass(frozen=True)
 class Verdict:
     """What to do with a record: process it, or seek back to ``seek_to`` first.
 
     ``accepted_hole`` is the range (from, to inclusive) of offsets accepted as
-    non-existent, when there is one.
+    non-existent, when there is one; ``explained`` when the log explained it (no
+    seek was needed: a transaction marker, say), not repeated seeks.
     """
 
     process: bool
     seek_to: int | None = None
     accepted_hole: tuple[int, int] | None = None
+    explained: bool = False
 
 
 @dataclass
@@ -84,9 +100,11 @@ class Continuity:
         *,
         reseek_after_ms: float = 2000.0,
         clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
+        explains: Explains = _unexplained,
     ) -> None:
         self._expected: dict[Hashable, int] = {}
         self._pending: dict[Hashable, _Pending] = {}
+        self._explains = explains
         self._reseek_after_ms = reseek_after_ms
         self._clock_ms = clock_ms
 
@@ -98,6 +116,12 @@ class Continuity:
             # partition was assigned, so its answer and release are under way.
             return Verdict(process=False)
         pending = self._pending.get(partition)
+        low = pending.sought if pending is not None else expected
+        if low is not None and offset > low and self._explains(partition, low, offset - 1):
+            # Every offset before this record holds none: nothing was skipped.
+            self._pending.pop(partition, None)
+            self._expected[partition] = offset + 1
+            return Verdict(process=True, accepted_hole=(low, offset - 1), explained=True)
         if pending is not None:
             if offset == pending.sought:  # the record sought for
                 del self._pending[partition]
@@ -150,6 +174,10 @@ class Continuity:
         expected = self._expected.get(partition)
         if expected is None or position <= expected:
             return None
+        if self._explains(partition, expected, position - 1):
+            self._pending.pop(partition, None)
+            self._expected[partition] = position
+            return Verdict(process=False, accepted_hole=(expected, position - 1), explained=True)
         now = self._clock_ms()
         pending = self._pending.get(partition)
         if pending is None:

@@ -45,10 +45,14 @@ log = logging.getLogger(__name__)
 CHUNK = 64
 
 
-def _accepted(tp: Any, hole: tuple[int, int]) -> tuple[int, int]:
-    """Log a hole accepted as offsets holding no record (one message, wherever it was
-    found: tests/kafka/test_offset_holes.py reads it); return it."""
-    log.warning("%s[%d]: offsets %d..%d do not exist (accepted as a gap)", tp[0], tp[1], *hole)
+def _accepted(tp: Any, hole: tuple[int, int], explained: bool) -> tuple[int, int]:
+    """Log a hole accepted as offsets holding no record; return it. One the log
+    explained (a transaction marker, say) is routine: DEBUG. One that repeated seeks
+    confirmed is not: a WARNING (tests/kafka/test_offset_holes.py reads both)."""
+    if explained:
+        log.debug("%s[%d]: offsets %d..%d hold no record (passed)", tp[0], tp[1], *hole)
+    else:
+        log.warning("%s[%d]: offsets %d..%d do not exist (accepted as a gap)", tp[0], tp[1], *hole)
     return hole
 
 
@@ -82,6 +86,7 @@ class LaneReader:
         *,
         continuity: Continuity | None = None,
         spawn: Callable[[Awaitable[Any]], Any] | None = None,
+        on_passed: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.buffer = buffer
         self.continuity = continuity or Continuity()
@@ -90,6 +95,8 @@ class LaneReader:
         self._spawn = spawn or self._track
         self._tasks: set[asyncio.Task[Any]] = set()
         self._looking_up: set[Hashable] = set()
+        #: Told (offsets, explained) of each hole passed: a metric's source.
+        self._on_passed = on_passed or (lambda count, explained: None)
 
     def _track(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -149,7 +156,8 @@ class LaneReader:
             )
             self._spawn(self._seek(tp, verdict.seek_to))
         if verdict.accepted_hole is not None:
-            low, high = _accepted(tp, verdict.accepted_hole)
+            low, high = _accepted(tp, verdict.accepted_hole, verdict.explained)
+            self._on_passed(high - low + 1, verdict.explained)
             self._spawn(self._consumer.add_gap(tp, low, high))
         if not verdict.process:
             # Not answered here (a second copy, or buffered before a seek): Faust
@@ -200,7 +208,8 @@ class LaneReader:
                 )
                 self._spawn(self._seek(tp, verdict.seek_to))
             if verdict.accepted_hole is not None:
-                low, high = _accepted(tp, verdict.accepted_hole)
+                low, high = _accepted(tp, verdict.accepted_hole, verdict.explained)
+                self._on_passed(high - low + 1, verdict.explained)
                 self._consumer.pass_end(tp, low, high)
 
     async def _seek(self, tp: Any, offset: int) -> None:

@@ -1,20 +1,24 @@
-"""Holes in a lane partition that are real: transaction markers (issue 15, behaviour 9).
+"""Holes in a lane partition that are real: transaction markers and aborted records
+(issue 15, behaviour 9; issue 30).
 
 A real broker and a real worker process (the ``noop`` model). Requests are
 produced to a one-partition lane in small Kafka transactions: each commit or
-abort writes a control marker, an offset no consumer ever sees. The worker's
-reader (pipeline/worker/lane_reader.py, continuity.py) takes the record after
-each marker for a sign of skipped records, seeks back for the marker's offset,
-gets the same record again, and after ``SEEKS_BEFORE_ACCEPTING`` seeks accepts
-the offset as a hole and hands it to Faust's commit (``faust_edge.add_gap``);
-the records fetched past the hole before the seek are passed over and dropped
-from Faust's unacked set (``faust_edge.forget``).
+abort writes a control marker, an offset no consumer ever sees, and under
+``read_committed`` (the worker's default) an aborted transaction's records are
+never handed over either. The worker's consumer notes the offsets its fetch walked
+past without a record (``faust_edge.PassedOffsets``), so the reader
+(pipeline/worker/lane_reader.py, continuity.py) passes such a hole at once: no
+seek back, nothing logged above DEBUG, the offsets counted in
+``pipeline_lane_offsets_passed_total{how="log"}`` and handed to Faust's commit
+(``faust_edge.add_gap``, or ``pass_end`` for markers that end the partition).
 
-Checked here, for records produced before the worker starts and while it runs:
-every input answered exactly once (the ledger), the group's committed offset
-at the log end, markers included (the accepted holes reached Faust's commit),
-the worker's log naming each hole sought back for and then accepted, and a
-clean stop on SIGTERM (the harness fails a worker that needs SIGKILL).
+Checked here, for records produced before the worker starts and while it runs,
+under each isolation level: every committed input answered exactly once (the
+ledger); aborted ones never (``read_committed``) or once each
+(``read_uncommitted``); the group's committed offset at the log end after each
+phase, trailing markers included (lag 0); no line about the holes in the worker's
+log (no seek back, no gap accepted); and a clean stop on SIGTERM (the harness fails
+a worker that needs SIGKILL).
 
 Two transactions that overlap put their markers side by side: a hole of two
 offsets. That one is needed: Faust's commit passes over a hole of one offset
@@ -22,12 +26,6 @@ right after its committed offset by itself (``Consumer._new_offset`` only
 holds back when ``min(acked) - committed > 1``), so with single markers alone
 the test passed even with ``add_gap`` made a no-op; with the two-offset hole
 the commit stops before it and the test fails.
-
-The worker's consumer reads ``read_uncommitted`` (Faust asks for
-``read_committed`` only with ``processing_guarantee="exactly_once"``, which
-the pipeline does not set), so the records of an aborted transaction are
-delivered and answered like any other, once each; the ledger's own consumer
-(librdkafka's default, ``read_committed``) does not see them as inputs.
 
 A second test joins a second worker while the first holds records in its lane
 buffer (a lane with room for few inputs in flight): the revoke drops them
@@ -43,6 +41,7 @@ import contextlib
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -51,12 +50,13 @@ import pytest
 from confluent_kafka import Producer
 from harness import Deployment
 from ledger import Kill, Ledger, answered_past_commit, check_ledger, committed, log_end
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.client import RequestProducer, request_bytes
 from pipeline.dedupe import content_hash
 from pipeline.security import client_config
 from pipeline.settings import LANES, Settings
-from pipeline.worker.continuity import SEEKS_BEFORE_ACCEPTING
+from pipeline.supervise import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -106,8 +106,9 @@ class Transactions:
         return on_delivery
 
     def begin(self, request_ids: list[str]) -> None:
-        """Open a transaction of one request per id, its records written (so a
-        read_uncommitted consumer sees them before the transaction ends)."""
+        """Open a transaction of one request per id, its records written (a
+        read_uncommitted consumer sees them before the transaction ends, a
+        read_committed one once it is committed)."""
         self._producer.begin_transaction()
         for rid in request_ids:
             text = f"transactional request {rid}"
@@ -189,12 +190,21 @@ def _holes(offsets: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _ranges(pattern: re.Pattern[str], log: str, topic: str) -> list[tuple[int, int]]:
-    return [(int(m[3]), int(m[4])) for m in pattern.finditer(log) if (m[1], m[2]) == (topic, "0")]
+def _passed(port: int) -> dict[str, float]:
+    """The worker's ``pipeline_lane_offsets_passed_total`` by ``how``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        s.labels["how"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "pipeline_lane_offsets_passed_total"
+    }
 
 
-def test_transaction_markers_are_sought_back_for_then_committed_past(
-    kafka_bootstrap: str, tmp_path: Path
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_transactions_aborted_committed_and_trailing_markers_pass_quietly(
+    kafka_bootstrap: str, tmp_path: Path, isolation: str
 ) -> None:
     dep = Deployment.create(
         kafka_bootstrap,
@@ -202,21 +212,22 @@ def test_transaction_markers_are_sought_back_for_then_committed_past(
         partitions=1,
         PIPELINE_MODEL_TASK="noop",
         PIPELINE_METRICS_SAMPLE_INTERVAL_S="60",
+        PIPELINE_KAFKA_ISOLATION_LEVEL=isolation,
     )
     topic = dep.settings.topics.lane_topic("bulk")
+    port = free_port()
     one, two = Transactions(dep.settings, "bulk", "one"), Transactions(dep.settings, "bulk", "two")
     # Produced before the worker starts: the first fetch holds records past each marker.
     aborted = _phase(one, two, "before")
-    with contextlib.closing(one), contextlib.closing(two), dep.worker() as worker:
-        end = _wait_committed_to_end(dep, topic, 60, "before: commit at log end")
-        # The worker's log lets 5 warnings of a kind through per 10 s (RepeatFilter,
-        # pipeline/logs.py); each hole logs 2 or more: wait for a fresh window.
-        time.sleep(10.5)
+    with (
+        contextlib.closing(one),
+        contextlib.closing(two),
+        dep.worker(PIPELINE_METRICS_PORT=str(port)) as worker,
+    ):
+        _wait_committed_to_end(dep, topic, 60, "before: commit at log end")
         # Produced while the worker runs: each marker lands after its records were read.
         aborted += _phase(one, two, "running")
-        end = _wait_committed_to_end(dep, topic, 60, "running: commit at log end")
-        assert _lane_committed(dep, topic) == end  # markers included: holes reached the commit
-        time.sleep(10.5)
+        _wait_committed_to_end(dep, topic, 60, "running: commit at log end")
         # Two overlapping transactions last: their markers end the partition, and no
         # record follows to show the hole; the consumer's position does.
         one.begin(["trailing-one"])
@@ -224,43 +235,33 @@ def test_transaction_markers_are_sought_back_for_then_committed_past(
         one.end(commit=True)
         two.end(commit=True)
         end = _wait_committed_to_end(dep, topic, 60, "trailing markers: commit at log end")
+        assert _lane_committed(dep, topic) == end  # lag 0: the markers reached the commit
 
         ledger = Ledger(dep.settings)
         ledger.read(time.monotonic() + 60)
-        # read_uncommitted: the aborted transactions' requests are answered, once each;
-        # the ledger's read_committed consumer has no input for them.
-        aborted_results = {rid: ledger.results.pop(rid, []) for rid in aborted}
-        assert {rid: len(r) for rid, r in aborted_results.items()} == dict.fromkeys(aborted, 1)
+        aborted_results = {rid: len(ledger.results.pop(rid, [])) for rid in aborted}
+        answered = 1 if isolation == "read_uncommitted" else 0
+        assert aborted_results == dict.fromkeys(aborted, answered)
         assert ledger.missing() == []
         assert ledger.duplicates() == 0
         ledger.check_repeats(atol=1e-4)
         assert len(ledger.inputs) == 2 * (2 + 2 + 1) + 2
+        passed = _passed(port)
         log = worker.log()
 
-    # Every offset no record was produced at is a marker: one per transaction.
-    seen = set(one.offsets.values()) | set(two.offsets.values())
-    seen |= {o for _t, _p, o in ledger.inputs}
-    markers = sorted(set(range(end)) - seen)
-    assert len(markers) == 2 * 3 + 2, (markers, sorted(seen))
-    holes = _holes(markers)
-    assert [high - low for low, high in holes] == [0, 1, 0, 1, 1], holes
-    assert sorted(_ranges(ACCEPTED, log, topic)) == holes, log[-4000:]
-    # A hole is sought back for after a record past it (SKIPPED) or after the consumer's
-    # position passed it with no record (AT_END: the trailing one, and a hole the timer
-    # saw before the record after it arrived), SEEKS_BEFORE_ACCEPTING times in all.
-    skipped = _ranges(SKIPPED, log, topic)
-    at_end = [
-        (int(m[4]), int(m[3]) - 1) for m in AT_END.finditer(log) if (m[1], m[2]) == (topic, "0")
-    ]
-    for low, high in holes:
-        seeks = skipped.count((low, high)) + at_end.count((low, high))
-        assert seeks >= SEEKS_BEFORE_ACCEPTING, (low, high, skipped, at_end)
-        first_seek = min(
-            log.find(f) for f in (f"records {low}..{high} were skipped", f"reading from {low} ")
-            if f in log
-        )
-        assert first_seek < log.index(f"{topic}[0]: offsets {low}..{high} do not exist")
-    assert at_end.count(holes[-1]) >= SEEKS_BEFORE_ACCEPTING, (holes[-1], at_end)
+    # Every offset no committed record was produced at is a marker or an aborted record.
+    committed_records = {o for _t, _p, o in ledger.inputs}
+    aborted_records = {one.offsets[rid] for rid in aborted}
+    markers = sorted(set(range(end)) - committed_records - aborted_records)
+    assert len(markers) == 2 * 3 + 2, (markers, sorted(committed_records))
+    assert [high - low for low, high in _holes(markers)][-1] == 1  # the trailing pair
+    # No record stood behind any of them: each was passed at once, counted, not logged.
+    without_record = len(markers) + (len(aborted) if isolation == "read_committed" else 0)
+    assert passed == {"log": without_record, "seeks": 0}, passed
+    for pattern in (SKIPPED, AT_END, ACCEPTED):
+        assert not pattern.search(log), (pattern.pattern, log[-4000:])
+    loud = re.findall(r"^.*\[(?:WARNING|ERROR|CRITICAL)\] pipeline\.worker.*$", log, re.M)
+    assert loud == [], loud
 
 
 REVOKING = re.compile(

@@ -164,3 +164,64 @@ def test_a_record_after_a_hole_seen_at_the_end_is_judged_as_any_hole() -> None:
     assert c.check("p", 3) == Verdict(process=False, seek_to=1)  # first after the seek
     assert c.check("p", 3) == Verdict(process=True, accepted_hole=(1, 2))
     assert c.at_end("p", 4) is None
+
+
+class _Log:
+    """Offsets known to hold no record, as the fetcher notes them (PassedOffsets)."""
+
+    def __init__(self, *ranges: tuple[int, int]) -> None:
+        self.ranges = list(ranges)
+
+    def __call__(self, partition: object, low: int, high: int) -> bool:
+        return any(a <= low and high <= b for a, b in self.ranges)
+
+
+def test_a_hole_the_log_explains_is_passed_at_once_without_a_seek() -> None:
+    """A transaction's marker between two records: the fetch walked past it."""
+    c = Continuity(explains=_Log((3, 3), (7, 9)))
+    for o in range(0, 3):
+        assert c.check("p", o).process
+    assert c.check("p", 4) == Verdict(process=True, accepted_hole=(3, 3), explained=True)
+    assert all(c.check("p", o).process for o in range(5, 7))
+    assert c.check("p", 10) == Verdict(process=True, accepted_hole=(7, 9), explained=True)
+    assert c.overdue() == []
+
+
+def test_a_hole_only_partly_explained_is_sought_back_for_as_before() -> None:
+    """Records Faust dropped (4..6) before a marker (7): the fetch handed them over, so
+    they are not the log's to explain; the seek brings them back, then the marker is
+    passed at once."""
+    c = Continuity(explains=_Log((7, 7)))
+    for o in range(0, 4):
+        c.check("p", o)
+    assert c.check("p", 8) == Verdict(process=False, seek_to=4)
+    assert all(c.check("p", o).process for o in range(4, 7))  # fetched again
+    assert c.check("p", 8) == Verdict(process=True, accepted_hole=(7, 7), explained=True)
+
+
+def test_a_hole_explained_after_a_seek_ends_the_seek() -> None:
+    """The note came with the fetch after the seek: the next record past the hole is
+    taken (the seek counted nothing more)."""
+    log = _Log()
+    c = Continuity(explains=log)
+    c.check("p", 0)
+    assert c.check("p", 3) == Verdict(process=False, seek_to=1)
+    log.ranges.append((1, 2))
+    assert c.check("p", 3) == Verdict(process=True, accepted_hole=(1, 2), explained=True)
+    assert c.overdue() == []
+
+
+def test_markers_at_the_end_the_log_explains_are_passed_without_a_seek() -> None:
+    clock = _Clock()
+    c = Continuity(reseek_after_ms=2000, clock_ms=clock, explains=_Log((3, 4)))
+    for o in range(0, 3):
+        c.check("p", o)
+    assert c.at_end("p", 5) == Verdict(process=False, accepted_hole=(3, 4), explained=True)
+    assert c.at_end("p", 5) is None
+    assert c.check("p", 5).process
+
+
+def test_an_unexplained_end_is_still_sought_back_for() -> None:
+    c = Continuity(explains=_Log((4, 4)))
+    c.check("p", 0)
+    assert c.at_end("p", 5) == Verdict(process=False, seek_to=1)  # 1..3 had records

@@ -377,6 +377,92 @@ def test_the_workers_consumer_waits_in_a_fetch_as_long_as_the_setting_says() -> 
     assert done.stdout.split() == ["123", "77"]
 
 
+def test_the_workers_consumer_reads_with_the_isolation_level_set() -> None:
+    """read_committed unless PIPELINE_KAFKA_ISOLATION_LEVEL says otherwise; Faust's own
+    choice (read_uncommitted without exactly_once) when the edge is given none."""
+    done = _python(
+        """
+        import asyncio
+        import faust
+        from pipeline import faust_edge
+        from pipeline.settings import Settings
+
+        def level(app):
+            return app.consumer._thread._create_worker_consumer(app.transport)._isolation_level
+
+        async def main():
+            app = faust.App("edge-test", broker="kafka://127.0.0.1:1")
+            faust_edge.set_fetch_max_wait(100)
+            print(level(app))
+            for env in ({}, {"PIPELINE_KAFKA_ISOLATION_LEVEL": "read_uncommitted"}):
+                s = Settings.from_env(env)
+                faust_edge.install(
+                    frozenset({"lane"}), lambda records: None, fetch_max_wait_ms=100,
+                    isolation_level=s.kafka.isolation_level,
+                )
+                print(level(app))
+
+        asyncio.run(main())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["read_uncommitted", "read_committed", "read_uncommitted"]
+
+
+def test_offsets_aiokafkas_fetch_walks_past_without_a_record_are_noted() -> None:
+    """aiokafka's own FetchResult.getall over records 10, 11 and 16 of a fetch from 10
+    whose position ends at 18 (a transaction aborted at 12..15, a marker at 17, as its
+    PartitionRecords skips them): 12..15 and 17 are noted; a fetch of a changelog
+    topic notes nothing; a result dropped for a moved position notes nothing."""
+    done = _python(
+        """
+        from types import SimpleNamespace as NS
+        from aiokafka.consumer.fetcher import FetchResult
+        from pipeline import faust_edge
+
+        class Records:  # aiokafka's PartitionRecords, as far as getall uses it
+            def __init__(self, start, offsets, end):
+                self.next_fetch_offset, self._offsets, self._end = start, list(offsets), end
+            def __iter__(self):
+                return self
+            def __next__(self):
+                if not self._offsets:
+                    self.next_fetch_offset = self._end
+                    raise StopIteration
+                o = self._offsets.pop(0)
+                self.next_fetch_offset = o + 1
+                return NS(offset=o)
+
+        class Assignment:
+            active = True
+            def __init__(self, position):
+                self.state = NS(paused=False, position=position,
+                                consumed_to=lambda p: setattr(self.state, "position", p))
+            def state_value(self, tp):
+                return self.state
+
+        passed = faust_edge.PassedOffsets({"lane"})
+        faust_edge.install(frozenset({"lane"}), lambda r: None, fetch_max_wait_ms=100,
+                           passed=passed)
+        for topic in ("lane", "changelog"):
+            a = Assignment(10)
+            got = FetchResult((topic, 0), assignment=a,
+                              partition_records=Records(10, [10, 11, 16], 18), backoff=0)
+            print(topic, [r.offset for r in got.getall()], a.state.position,
+                  passed.ranges((topic, 0)))
+        moved = FetchResult(("lane", 1), assignment=Assignment(0),
+                            partition_records=Records(10, [10], 12), backoff=0)
+        print("moved", moved.getall(), passed.ranges(("lane", 1)))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "lane [10, 11, 16] 18 [(12, 15), (17, 17)]",
+        "changelog [10, 11, 16] 18 []",
+        "moved [] []",
+    ]
+
+
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:
     """A ChangelogStore write lands in the partition store of the record it is made
     for and its changelog record goes to that partition; a lookup finds it from any
