@@ -27,7 +27,7 @@ def preflight(settings: Settings, *, ports: bool = True) -> None:
     ``settings`` a worker could not start with; ``ports=False`` skips the ports (for a
     process that imports the app without serving, e.g. ``faust -A pipeline.app agents``)."""
     from pipeline.inference.loading import check_model_settings
-    from pipeline.inference.model import TASKS
+    from pipeline.inference.types import TASKS
 
     model = settings.model
     if model.task not in TASKS:

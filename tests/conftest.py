@@ -37,7 +37,7 @@ from pipeline.registry_local import LocalRegistry, RunningRegistry
 from pipeline.settings import Settings, TopicSettings
 
 if TYPE_CHECKING:
-    from pipeline.inference import Model
+    from pipeline.inference.model import Model
 
 #: Kept here too: test modules import it from conftest.
 free_ports = support.free_ports
@@ -131,10 +131,11 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def minilm() -> Model:
     """The bundled all-MiniLM-L6-v2, loaded once per pytest run."""
-    from pipeline.inference import Model, load_model
+    from pipeline.inference import load_model
+    from pipeline.inference.model import Model
     from pipeline.settings import ModelSettings
 
-    model = load_model(ModelSettings())
+    model = load_model(ModelSettings(process="off"))
     assert isinstance(model, Model)
     return model
 

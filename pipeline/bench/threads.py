@@ -17,6 +17,7 @@ CPU it got (on a shared machine the fairer figure).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -91,7 +92,7 @@ def _child() -> None:
 
     job = json.loads(sys.stdin.read())
     texts, size = job["texts"], int(job["size"])
-    settings = Settings.from_env().model
+    settings = dataclasses.replace(Settings.from_env().model, process="off")  # the model alone
     model = load_model(settings)
     applied = apply_thread_budget(settings)
     batches = [texts[i : i + size] for i in range(0, len(texts), size)]

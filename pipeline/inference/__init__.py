@@ -1,6 +1,10 @@
 """Inference stage: model loading, the engine threads, device telemetry.
 
-Free of Kafka and Faust. ``load_model`` builds a :class:`Model`;
+Free of Kafka and Faust, and of torch until a model is loaded in this process:
+what this package exports imports none of it, so a worker whose model runs in a
+process of its own (:mod:`.process`) never pays for torch's ~0.5 GB. The
+network's side lives in :mod:`.model` (``Model``), :mod:`.sim`, :mod:`.tracing`
+and :mod:`.threads`, imported where a model is built. ``load_model`` builds a model;
 :class:`InferenceEngine` runs it on its own threads (the next batch is
 tokenised while one computes) and returns one :class:`Outcome` per input;
 :class:`DeviceTelemetry` reads the GPU (:class:`SimTelemetry` the simulated device of
@@ -17,20 +21,19 @@ from pipeline.inference.engine import (
     Predictor,
 )
 from pipeline.inference.loading import default_model_path, load_model
-from pipeline.inference.model import (
-    TASKS,
-    Encoded,
-    ForwardTiming,
-    Model,
-    NoopModel,
-    Prediction,
-)
 from pipeline.inference.telemetry import (
     DeviceSample,
     DeviceTelemetry,
     SimTelemetry,
     device_utilisation,
     telemetry_for,
+)
+from pipeline.inference.types import (
+    TASKS,
+    Encoded,
+    ForwardTiming,
+    NoopModel,
+    Prediction,
 )
 
 __all__ = [
@@ -43,7 +46,6 @@ __all__ = [
     "EngineStopped",
     "ForwardTiming",
     "InferenceEngine",
-    "Model",
     "NoopModel",
     "Outcome",
     "Prediction",

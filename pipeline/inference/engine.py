@@ -31,8 +31,8 @@ from typing import Protocol
 
 from pipeline.errors import InferenceError
 from pipeline.inference._sync import BusyTracker, Slots
-from pipeline.inference.model import Encoded, Prediction
 from pipeline.inference.outcome import BatchOutcome, EngineStats, EngineStopped, Outcome
+from pipeline.inference.types import Encoded, Prediction
 
 __all__ = [
     "BatchOutcome",

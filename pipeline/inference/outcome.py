@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.errors import InferenceError
-from pipeline.inference.model import Prediction
+from pipeline.inference.types import Prediction
 
 __all__ = ["BatchOutcome", "EngineStats", "EngineStopped", "Outcome"]
 

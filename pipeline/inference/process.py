@@ -46,7 +46,7 @@ from typing import Any
 
 from pipeline.dedupe import InputKeys
 from pipeline.errors import ConfigurationError, InferenceError
-from pipeline.inference.model import Encoded, ForwardTiming, Prediction
+from pipeline.inference.types import Encoded, ForwardTiming, Prediction
 from pipeline.settings import ModelSettings
 
 __all__ = ["RESTART_WINDOW_S", "ModelProcessError", "RemoteModel"]
@@ -73,6 +73,7 @@ class _Ready:
     max_length: int
     fingerprint: str
     tokenizer_json: str | None
+    device_uuid: str | None
 
 
 class _Backend:
@@ -92,6 +93,7 @@ def _child_main(tok: Connection, fwd: Connection) -> None:
     """The model process: read its settings, load, say ready (or why not), then serve
     both pipes."""
     from pipeline.inference.loading import load_model
+    from pipeline.inference.telemetry import cuda_uuid
 
     settings: ModelSettings = fwd.recv()
     try:
@@ -109,6 +111,7 @@ def _child_main(tok: Connection, fwd: Connection) -> None:
                 max_length=model.max_length,
                 fingerprint=model.fingerprint,
                 tokenizer_json=backend.to_str() if backend is not None else None,
+                device_uuid=cuda_uuid(model.device.index or 0) if model.kind == "cuda" else None,
             ),
         )
     )
@@ -201,6 +204,7 @@ class RemoteModel:
         self.kind = ready.kind
         self.max_length = ready.max_length
         self.fingerprint = ready.fingerprint
+        self.device_uuid = ready.device_uuid
         tokenizer = _Backend(ready.tokenizer_json) if ready.tokenizer_json else None
         self.keys = InputKeys(ready.fingerprint, tokenizer)
 

@@ -31,31 +31,41 @@ class DeviceSample:
     memory_total_bytes: int
 
 
-def _cuda_target(device: object) -> tuple[int, str | None] | None:
-    """(torch index, NVML-style UUID or None) of a CUDA device; None for anything else."""
-    text = str(device)
-    if not text.startswith("cuda"):
-        return None
-    index = int(text.split(":", 1)[1]) if ":" in text else 0
-    uuid: str | None = None
+def cuda_uuid(index: int) -> str | None:
+    """The NVML-style UUID of torch's CUDA device ``index``, or None. Asked where torch
+    runs the model (the model process sends it to the worker)."""
     try:  # torch's index follows CUDA_VISIBLE_DEVICES, NVML's does not: match by UUID
         import torch
 
         raw = str(torch.cuda.get_device_properties(index).uuid)
-        uuid = raw if raw.startswith("GPU-") else f"GPU-{raw}"
+        return raw if raw.startswith("GPU-") else f"GPU-{raw}"
     except Exception:
-        uuid = None
+        return None
+
+
+def _cuda_target(device: object, uuid: str | None) -> tuple[int, str | None] | None:
+    """(torch index, NVML-style UUID or None) of a CUDA device; None for anything else.
+    Without ``uuid``, torch is asked only where it is imported already."""
+    import sys
+
+    text = str(device)
+    if not text.startswith("cuda"):
+        return None
+    index = int(text.split(":", 1)[1]) if ":" in text else 0
+    if uuid is None and "torch" in sys.modules:
+        uuid = cuda_uuid(index)
     return index, uuid
 
 
 class DeviceTelemetry:
-    """Reads utilisation and memory of the GPU behind ``device`` (e.g. ``"cuda:0"``)."""
+    """Reads utilisation and memory of the GPU behind ``device`` (e.g. ``"cuda:0"``;
+    ``uuid``, its NVML UUID where known)."""
 
-    def __init__(self, device: object) -> None:
+    def __init__(self, device: object, uuid: str | None = None) -> None:
         self._lock = threading.Lock()
         self._nvml: Any = None
         self._handle: Any = None
-        target = _cuda_target(device)
+        target = _cuda_target(device, uuid)
         if target is None:
             return
         index, uuid = target
@@ -151,7 +161,7 @@ def telemetry_for(model: Any, sim_path: Path) -> DeviceTelemetry | SimTelemetry:
     ``device=sim``, NVML for a GPU (none on a CPU: readings are None)."""
     if getattr(model, "kind", "") == "sim":
         return SimTelemetry(sim_path)
-    return DeviceTelemetry(model.device)
+    return DeviceTelemetry(model.device, getattr(model, "device_uuid", None))
 
 
 def device_utilisation(

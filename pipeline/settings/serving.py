@@ -59,9 +59,9 @@ class ModelSettings:
     )
     process: str = _field(
         "auto",
-        "on: the network runs in a process of its own (its interpreter lock is the model's "
-        "alone; the worker supervises it); off: on the worker's inference thread; auto: on "
-        "for cuda and sim, off for a CPU",
+        "on: the network and its tokenizer run in a process of its own (its interpreter "
+        "lock is the model's alone, and the worker never imports torch); off: on the "
+        "worker's inference thread; auto: on for every model (the noop task has none)",
     )
     process_timeout_s: float = _field(
         60.0,

@@ -63,7 +63,7 @@ def _land_in_their_bucket(shapes: Shapes) -> None:
 
 def test_calibration_runs_every_shape_twice_and_fits_the_model(tmp_path: Path) -> None:
     folder = build_tiny_bert(tmp_path / "tiny")
-    engine = InferenceEngine(load_model(ModelSettings(path=str(folder))))
+    engine = InferenceEngine(load_model(ModelSettings(process="off", path=str(folder))))
     settings = dataclasses.replace(SchedulerSettings(), latency_ms_per_token=5.0)
     controller = Controller(settings, slo_ms=200)
     shapes = Shapes(settings.buckets, settings.max_items)

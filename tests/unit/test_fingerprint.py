@@ -83,7 +83,8 @@ def test_everything_that_shapes_the_answer_changes_the_fingerprint(
 
 def test_new_weights_at_the_same_path_give_other_dedupe_keys(folder: Path) -> None:
     settings = Settings.from_env(
-        {"PIPELINE_MODEL_PATH": str(folder), "PIPELINE_MODEL_TRACE": "off"}
+        {"PIPELINE_MODEL_PATH": str(folder), "PIPELINE_MODEL_TRACE": "off",
+         "PIPELINE_MODEL_PROCESS": "off"}
     ).model
     old = load_model(settings).keys("good movie")
     assert load_model(settings).keys("good movie") == old

@@ -26,13 +26,13 @@ from pipeline.inference import (
     Encoded,
     EngineStopped,
     InferenceEngine,
-    Model,
     Prediction,
     default_model_path,
     load_model,
 )
 from pipeline.inference._sync import BusyTracker
 from pipeline.inference.batch_tokenizer import BatchTokenizer
+from pipeline.inference.model import Model
 from pipeline.settings import ModelSettings
 
 TEXTS = [
@@ -177,14 +177,14 @@ def test_a_tokenizer_the_backend_cannot_match_keeps_transformers_path(minilm: Mo
 
 def test_classify_needs_a_trained_head() -> None:
     with pytest.raises(ConfigurationError, match="classification head"):
-        load_model(ModelSettings(task="classify"))
+        load_model(ModelSettings(task="classify", process="off"))
 
 
 # -- the tiny model: classify, fault injection -----------------------------
 
 
 def test_classify_labels_and_scores(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir), task="classify"))
+    model = load_model(ModelSettings(process="off", path=str(tiny_dir), task="classify"))
     assert model.name == tiny_dir.name
     preds = model.predict(["the movie is very good", "bad film", "poison"])
     assert len(preds) == 3
@@ -196,14 +196,16 @@ def test_classify_labels_and_scores(tiny_dir: Path) -> None:
 
 
 def test_explicit_name_and_version(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir), name="tiny", version="7"))
+    model = load_model(ModelSettings(process="off", path=str(tiny_dir), name="tiny", version="7"))
     assert model.model_id == "tiny@7"
     (pred,) = model.predict(["good movie"])
     assert pred.embedding is not None and len(pred.floats()) == 16
 
 
 def test_fail_on_isolates_failing_input(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir), task="classify", fail_on="poison"))
+    model = load_model(
+        ModelSettings(process="off", path=str(tiny_dir), task="classify", fail_on="poison")
+    )
     with pytest.raises(InferenceError):
         model.predict(["good", "poison"])
     texts = ["good movie", "bad", "the film", "a movie", "poison", "not good", "very bad", "is"]
@@ -228,19 +230,19 @@ def test_fail_on_isolates_failing_input(tiny_dir: Path) -> None:
 
 def test_missing_folder_is_a_helpful_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="does not exist") as info:
-        load_model(ModelSettings(path=str(tmp_path / "nope")))
+        load_model(ModelSettings(process="off", path=str(tmp_path / "nope")))
     assert "PIPELINE_MODEL_PATH" in str(info.value)
 
 
 def test_folder_without_config_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"no config\.json"):
-        load_model(ModelSettings(path=str(tmp_path)))
+        load_model(ModelSettings(process="off", path=str(tmp_path)))
 
 
 def test_broken_folder_is_a_configuration_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ConfigurationError, match="cannot load model folder") as info:
-        load_model(ModelSettings(path=str(tmp_path)))
+        load_model(ModelSettings(process="off", path=str(tmp_path)))
     assert info.value.__cause__ is not None
 
 

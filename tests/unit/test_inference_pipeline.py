@@ -23,11 +23,11 @@ from pipeline.inference import (
     BatchOutcome,
     Encoded,
     InferenceEngine,
-    Model,
     Outcome,
     Prediction,
     load_model,
 )
+from pipeline.inference.model import Model
 from pipeline.inference.threads import apply_thread_budget
 from pipeline.publish import Publisher
 from pipeline.settings import ModelSettings, Settings
@@ -204,9 +204,9 @@ def test_stop_drains_prepared_and_queued_jobs(engine_of: list[InferenceEngine]) 
 
 def test_padding_to_the_bucket_and_shape_keeps_every_embedding(tiny_dir: Path) -> None:
     texts = ["good movie", "the film is very very good", "bad"]
-    longest = load_model(ModelSettings(path=str(tiny_dir), padding="longest"))
-    bucket = load_model(ModelSettings(path=str(tiny_dir), padding="bucket"))
-    shape = load_model(ModelSettings(path=str(tiny_dir), padding="shape"))
+    longest = load_model(ModelSettings(process="off", path=str(tiny_dir), padding="longest"))
+    bucket = load_model(ModelSettings(process="off", path=str(tiny_dir), padding="bucket"))
+    shape = load_model(ModelSettings(process="off", path=str(tiny_dir), padding="shape"))
     plain = longest.tokenize(texts, pad_to=32, rows=8)
     assert plain.tensors["input_ids"].shape == (3, 8)  # [CLS] + 6 words + [SEP]; hints ignored
     by_bucket = bucket.tokenize(texts, pad_to=32, rows=8)
@@ -225,20 +225,22 @@ def test_padding_to_the_bucket_and_shape_keeps_every_embedding(tiny_dir: Path) -
 
 
 def test_pad_to_never_truncates_and_stops_at_max_length(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir), padding="bucket", max_length=20))
+    model = load_model(
+        ModelSettings(process="off", path=str(tiny_dir), padding="bucket", max_length=20)
+    )
     texts = ["good " * 12, "bad"]
     assert model.tokenize(texts, pad_to=4).tensors["input_ids"].shape == (2, 14)
     assert model.tokenize(texts, pad_to=64).tensors["input_ids"].shape == (2, 20)
 
 
 def test_auto_padding_is_longest_on_a_cpu(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir)))
+    model = load_model(ModelSettings(process="off", path=str(tiny_dir)))
     assert isinstance(model, Model) and model.padding == "longest"
     assert model.tokenize(["good"], pad_to=32).tensors["input_ids"].shape == (1, 3)
 
 
 def test_engine_pads_through_to_the_real_model(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir), padding="shape"))
+    model = load_model(ModelSettings(process="off", path=str(tiny_dir), padding="shape"))
     engine = InferenceEngine(model)
     engine.start()
     try:
@@ -249,7 +251,7 @@ def test_engine_pads_through_to_the_real_model(tiny_dir: Path) -> None:
 
 
 def test_only_an_engine_on_a_gpu_overlaps_batches(tiny_dir: Path) -> None:
-    model = load_model(ModelSettings(path=str(tiny_dir)))
+    model = load_model(ModelSettings(process="off", path=str(tiny_dir)))
     assert isinstance(model, Model)
     assert InferenceEngine(model).overlaps is False  # this machine's CPU
     model.device = torch.device("cuda", 0)  # what the runtime asks; nothing runs there

@@ -33,8 +33,8 @@ def _embeddings(model: object, texts: list[str]) -> torch.Tensor:
 
 @pytest.mark.slow  # loads the real MiniLM twice
 def test_auto_traces_on_a_cpu_and_matches_eager() -> None:
-    eager = load_model(ModelSettings(device="cpu", trace="off"))
-    graph = load_model(ModelSettings(device="cpu"))
+    eager = load_model(ModelSettings(device="cpu", trace="off", process="off"))
+    graph = load_model(ModelSettings(device="cpu", process="off"))
     assert isinstance(graph._network, TracedNetwork)  # type: ignore[union-attr]
     assert not isinstance(eager._network, TracedNetwork)  # type: ignore[union-attr]
     for batch in (TEXTS, TEXTS[:1], TEXTS[1:2] * 7):  # shapes the trace never saw
@@ -46,8 +46,8 @@ def test_auto_traces_on_a_cpu_and_matches_eager() -> None:
 def test_traced_classifier_gives_the_eager_labels(tmp_path: Path) -> None:
     folder = build_tiny_bert(tmp_path / "tiny")
     texts = ["good movie", "the film is very bad", "a film", "not good not bad very very good"]
-    eager = load_model(ModelSettings(path=str(folder), task="classify", trace="off"))
-    graph = load_model(ModelSettings(path=str(folder), task="classify", trace="on"))
+    eager = load_model(ModelSettings(process="off", path=str(folder), task="classify", trace="off"))
+    graph = load_model(ModelSettings(process="off", path=str(folder), task="classify", trace="on"))
     assert isinstance(graph._network, TracedNetwork)  # type: ignore[union-attr]
     for a, b in zip(eager.predict(texts), graph.predict(texts), strict=True):
         assert a.label == b.label
@@ -96,15 +96,17 @@ def test_a_trace_that_cannot_be_checked_is_refused() -> None:
 def test_load_model_falls_back_to_eager_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from pipeline.inference import loading
+    from pipeline.inference import tracing
 
     def refuse(*_: object, **__: object) -> TracedNetwork:
         raise RuntimeError("the trace differs from the eager module by 1.0e+00")
 
-    monkeypatch.setattr(loading, "traced", refuse)
+    monkeypatch.setattr(tracing, "traced", refuse)  # load_model imports it when it loads
     folder = build_tiny_bert(tmp_path / "tiny")
     with caplog.at_level(logging.WARNING, logger="pipeline.inference.loading"):
-        model = load_model(ModelSettings(path=str(folder), task="classify", trace="on"))
+        model = load_model(
+            ModelSettings(process="off", path=str(folder), task="classify", trace="on")
+        )
     assert not isinstance(model._network, TracedNetwork)  # type: ignore[union-attr]
     assert "left eager" in caplog.text and "differs" in caplog.text
     assert len(model.predict(["good movie"])) == 1
