@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -57,11 +58,13 @@ def _module_version() -> str:
 class RunningRegistry:
     """One started server: its URL, and :meth:`stop`."""
 
-    def __init__(self, process: subprocess.Popen[bytes], address: str, errors: IO[bytes]) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], address: str, errors: IO[bytes], scheme: str
+    ) -> None:
         self.process = process
         self._errors = errors
         self.address = address
-        self.url = f"http://{address}"
+        self.url = f"{scheme}://{address}"
 
     @property
     def port(self) -> int:
@@ -142,14 +145,18 @@ class LocalRegistry:
         *,
         auth: str = "",
         seed: list[tuple[str, str]] | None = None,
+        tls: tuple[str, str] | None = None,
         timeout_s: float = 10.0,
     ) -> RunningRegistry:
         """Start a server on ``127.0.0.1:port`` (0: a free one); return once it answers.
         ``auth``: an exact ``Authorization`` header every request must carry. ``seed``:
         ``(subject, schema)`` pairs registered in order before it listens (ids 1, 2, ...
-        in that order): a restart that keeps what a real registry would have kept."""
+        in that order): a restart that keeps what a real registry would have kept.
+        ``tls``: ``(certificate, key)`` PEM files: it serves HTTPS."""
         binary = self.ensure_binary()
         args = [str(binary), "-addr", f"127.0.0.1:{port}"] + (["-auth", auth] if auth else [])
+        if tls is not None:
+            args += ["-cert", tls[0], "-key", tls[1]]
         if not seed:
             return self._start(args, auth, timeout_s)
         with tempfile.TemporaryDirectory() as tmp:
@@ -172,13 +179,16 @@ class LocalRegistry:
             raise ConfigurationError(
                 f"the schema registry did not start: {why[-1] if why else 'no output'}"
             )
-        running = RunningRegistry(process, address, errors)
+        tls = "-cert" in args
+        running = RunningRegistry(process, address, errors, "https" if tls else "http")
         deadline = time.monotonic() + timeout_s
         headers = {"Authorization": auth} if auth else {}
+        # Our own child: whether it answers is the question here, not who it is.
+        context = ssl._create_unverified_context() if tls else None
         while True:
             try:
                 req = urllib.request.Request(f"{running.url}/subjects", headers=headers)
-                with urllib.request.urlopen(req, timeout=1.0) as resp:
+                with urllib.request.urlopen(req, timeout=1.0, context=context) as resp:
                     if resp.status == 200:
                         return running
             except OSError:

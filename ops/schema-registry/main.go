@@ -2,7 +2,9 @@
 // in-memory srfake server on a port. Nothing is kept across restarts.
 //
 //	schema-registry [-addr 127.0.0.1:0] [-auth 'Basic dXNlcjpwYXNz'] [-seed schemas.json]
+//	                [-cert server.pem -key server.key]
 //
+// -cert and -key serve HTTPS instead of HTTP.
 // -seed registers, in order, the schemas of a JSON array of {"subject", "schema"}
 // objects before it listens (ids count from 1 in that order): a restart that
 // keeps the ids, as a registry that stores its state would. It prints the
@@ -35,6 +37,8 @@ func fail(err error) {
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "host:port to listen on (port 0: a free one)")
 	auth := flag.String("auth", "", "if set, the exact Authorization header every request must carry")
+	cert := flag.String("cert", "", "PEM certificate: serve HTTPS (with -key)")
+	key := flag.String("key", "", "PEM private key of -cert")
 	seed := flag.String("seed", "", "JSON file: [{\"subject\": ..., \"schema\": ...}] registered in order first")
 	flag.Parse()
 	var opts []srfake.Option
@@ -62,7 +66,10 @@ func main() {
 		fail(err)
 	}
 	fmt.Println(ln.Addr().String())
-	if err := http.Serve(ln, registry.Handler()); err != nil {
-		fail(err)
+	if *cert != "" {
+		err = http.ServeTLS(ln, registry.Handler(), *cert, *key)
+	} else {
+		err = http.Serve(ln, registry.Handler())
 	}
+	fail(err)
 }

@@ -12,6 +12,8 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
   checks each record against its partition's start (``start_offsets.py``,
   looked up from the broker per assignment) and next expected offset
   (``continuity.py``: a hole is sought back for, a second copy passed over);
+  a record in the Schema Registry's framing waits until its writer schema is
+  known (``writer_schemas.py``, looked up once per id on a thread of its own);
 - ``runtime.py`` (:class:`Runtime`): ``take`` takes one record on, at once:
 
   - ``admission.py``: counts it against its lane's bounds (records, bytes)
