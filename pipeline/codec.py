@@ -38,6 +38,7 @@ from fastavro._read_common import SchemaResolutionError
 from pipeline.codec_json import json_record
 from pipeline.codec_writer import compile_writer
 from pipeline.errors import DecodeError, SchemaMismatch
+from pipeline.registry import FRAME_LEN, split_frame
 
 __all__ = [
     "MARKER",
@@ -188,8 +189,6 @@ class Codec:
         SchemaMismatch when the writer's schema cannot be read as the current one,
         DecodeError for a body that does not decode or leaves bytes over.
         """
-        from pipeline.registry import FRAME_LEN, split_frame
-
         schema_id = split_frame(data)
         writer = writer_of(schema_id)
         body = io.BytesIO(data)

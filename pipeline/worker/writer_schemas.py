@@ -27,6 +27,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import fastavro.schema
+
+from pipeline.codec import crc64_avro, request_codec
 from pipeline.errors import DecodeError, RegistryUnavailable, UnknownSchemaId
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import FRAME_LEN, RegistryClient, WriterSchema
@@ -103,7 +106,6 @@ class WriterSchemas:
         return len(self._waiting)
 
     async def _look_up(self, schema_id: int, done: Callable[[], None]) -> None:
-        assert self._fetch is not None
         if self._executor is None:
             # One thread: lookups are rare (once per id) and the client is blocking.
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="schema-registry")
@@ -111,7 +113,7 @@ class WriterSchemas:
         delay_ms = float(self.settings.retry_backoff_ms)
         while True:
             try:
-                schema = await loop.run_in_executor(self._executor, self._fetch, schema_id)
+                parsed = await loop.run_in_executor(self._executor, self._writer_of, schema_id)
             except UnknownSchemaId as exc:
                 self._metrics.registry_lookup("unknown")
                 self._unreadable[schema_id] = exc
@@ -136,7 +138,7 @@ class WriterSchemas:
                 delay_ms = min(delay_ms * 2, float(self.settings.retry_backoff_max_ms))
                 continue
             self._metrics.registry_lookup("found")
-            self._known[schema_id] = schema.parsed
+            self._known[schema_id] = parsed
             if schema_id in self._waiting:
                 log.info("schema registry answered again: schema %d found", schema_id)
             break
@@ -144,6 +146,22 @@ class WriterSchemas:
             self._waiting.discard(schema_id)
             self._metrics.registry_waiting(len(self._waiting))
         done()
+
+    def _writer_of(self, schema_id: int) -> Any:
+        """Fetch ``schema_id`` (on the lookup thread). A schema this worker knows already
+        (the current request schema or an older one, by fingerprint) is answered with
+        the codec's own parsed form: fastavro then reads the current schema without
+        resolving it, as fast as single-object records."""
+        assert self._fetch is not None
+        parsed = self._fetch(schema_id).parsed
+        try:
+            canonical = fastavro.schema.to_parsing_canonical_form(parsed)
+        except Exception:  # fastavro parsed it, so this is unexpected: resolve it anyway
+            return parsed
+        known = request_codec().by_fingerprint.get(
+            crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little")
+        )
+        return parsed if known is None else known.parsed
 
     def close(self) -> None:
         """Stop looking up (the worker stops)."""

@@ -318,6 +318,9 @@ def test_the_reader_holds_a_partition_until_the_registry_answers() -> None:
             assert len(registry.calls) == calls  # both ids answered from the cache
             found = metrics.value("pipeline_registry_lookups_total", {"outcome": "found"})
             assert found == 1
+            # The registry's copy of the current schema is read as the codec's own: no
+            # resolution per record.
+            assert schemas.writer(1) is request_codec().current.parsed
         finally:
             for task in tasks:
                 task.cancel()
