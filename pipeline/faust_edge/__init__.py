@@ -41,8 +41,8 @@ made here, and nowhere else:
   its 1.5 s fetch wait stood a consumer idle behind a fetch of partitions with
   nothing new;
 - the dedupe table is written into its local store directly and its changelog
-  records go out through the worker's librdkafka producer
-  (:class:`ChangelogStore`): through Faust's table API each write is one
+  records go out through the worker's librdkafka producer, and the store's key
+  index is a bounded LRU (:class:`ChangelogStore`): through Faust's table API each write is one
   record on Faust's aiokafka producer, whose buffer of 100 records stalled
   intake ("producer buffer full") and cut a noop worker's throughput by more
   than half.
@@ -181,8 +181,9 @@ def check(
     for name in ("set_persisted_offset", "_db_for_partition"):
         if not hasattr(store, name):
             missing.append(f"faust.stores.rocksdb.Store.{name}")
-    if "self._dbs" not in _init_source(store):
-        missing.append("faust.stores.rocksdb.Store._dbs")
+    for name in ("_dbs", "_key_index"):
+        if f"self.{name}" not in _init_source(store):
+            missing.append(f"faust.stores.rocksdb.Store.{name}")
     if missing:
         raise ConfigurationError(
             f"faust-streaming {found} lacks {', '.join(missing)}, which the worker relies on "

@@ -12,10 +12,14 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from faust.types import TP
+from mode.utils.collections import LRUCache
 
-__all__ = ["ChangelogSend", "ChangelogStore", "in_partition_of"]
+__all__ = ["KEY_INDEX_LIMIT", "ChangelogSend", "ChangelogStore", "in_partition_of"]
 
 log = logging.getLogger(__name__)
+
+#: Most keys Faust's RocksDB store may remember the partition of (its ``_key_index``).
+KEY_INDEX_LIMIT = 1000
 
 #: The partition a :class:`ChangelogStore` write is for (:func:`in_partition_of`).
 _PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -52,10 +56,18 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     the partition's next owner. Delivered offsets are remembered per partition
     and written as the store's persisted offsets by :meth:`flush_offsets`, so a
     restart replays only the changelog's tail.
+
+    Memory stays flat however many distinct keys are written: entries live in
+    RocksDB (on disk, TTL'd), nothing here keeps a key, and the one per-key map of
+    Faust's store, ``_key_index`` (key -> partition, filled by Faust's own table
+    reads and writes, which this class does not use), is made a bounded LRU of
+    :data:`KEY_INDEX_LIMIT` keys whatever the Faust/mode release made it.
+    ``_delivered`` holds one offset per changelog partition.
     """
 
     def __init__(self, table: Any, send: ChangelogSend) -> None:
         self._data: Any = table.data
+        self._data._key_index = LRUCache(limit=KEY_INDEX_LIMIT)
         self._topic: str = table.changelog_topic.get_topic_name()
         self._send = send
         self._delivered: dict[int, int] = {}

@@ -57,6 +57,21 @@ def test_missing_private_attributes_are_named() -> None:
     assert "\n" not in text
 
 
+def test_a_store_without_the_key_index_bounded_here_is_named() -> None:
+    class Store:
+        def __init__(self) -> None:
+            self._dbs: dict[int, object] = {}
+
+        def set_persisted_offset(self) -> None: ...
+
+        def _db_for_partition(self) -> None: ...
+
+    with pytest.raises(ConfigurationError) as err:
+        faust_edge.check(version=faust_edge.TESTED_FAUST, store=Store)
+    assert "Store._key_index" in str(err.value)
+    assert "Store._dbs" not in str(err.value)
+
+
 def test_a_worker_with_a_patched_attribute_missing_stops_with_one_line() -> None:
     done = _python(
         """
@@ -461,6 +476,56 @@ def test_offsets_aiokafkas_fetch_walks_past_without_a_record_are_noted() -> None
         "changelog [10, 11, 16] 18 []",
         "moved [] []",
     ]
+
+
+def test_the_dedupe_store_keeps_nothing_per_key_in_memory(tmp_path: Path) -> None:
+    """20,000 distinct keys written (and their changelog records delivered), then
+    Faust's own table write path for 20,000 more: the store's key index never holds
+    more than KEY_INDEX_LIMIT keys (ChangelogStore's writes leave it empty), and the
+    delivered offsets one per partition; every entry is in RocksDB."""
+    done = _python(
+        f"""
+        import asyncio, json
+        from types import SimpleNamespace
+        import faust
+        from faust.types import TP
+        from pipeline import faust_edge
+        from pipeline.faust_edge.store import KEY_INDEX_LIMIT
+
+        app = faust.App("edge-test", broker="kafka://127.0.0.1:1", store="rocksdb://",
+                        datadir={str(tmp_path)!r})
+        table = app.Table("dedupe", key_type=bytes, value_type=bytes, partitions=3)
+
+        def send(topic, key, value, partition, on_delivery):
+            on_delivery(None, SimpleNamespace(partition=lambda: partition,
+                                              offset=lambda: int(key[1:])))
+
+        async def main():
+            store = faust_edge.ChangelogStore(table, send)
+            for i in range(20_000):
+                token = SimpleNamespace(partition=i % 3)
+                faust_edge.in_partition_of(token, lambda: store.__setitem__(b"k%d" % i, b"v"))
+            index = table.data._key_index
+            after_ours = len(index)
+            for i in range(20_000):  # what Faust's Store._set does per key
+                index[b"f%d" % i] = i % 3
+            return {{
+                "after_ours": after_ours,
+                "after_faust": len(index),
+                "limit": KEY_INDEX_LIMIT,
+                "delivered": len(store._delivered),
+                "stored": sum(1 for i in range(0, 20_000, 997) if store.get(b"k%d" % i)),
+            }}
+
+        print(json.dumps(asyncio.run(main())))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["after_ours"] == 0
+    assert out["after_faust"] == out["limit"] == 1000
+    assert out["delivered"] == 3
+    assert out["stored"] == len(range(0, 20_000, 997))
 
 
 def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -> None:

@@ -181,3 +181,35 @@ def test_server_on_a_taken_port_names_the_setting() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigurationError, match="PIPELINE_METRICS_PORT"):
             start_metrics_server(MetricsSettings(port=port), m)
+
+
+def test_label_sets_do_not_grow_with_distinct_inputs_or_partitions_revoked() -> None:
+    """Every label value a worker records comes from a closed set (lanes, served levels,
+    stages, reasons, how offsets were passed), except the lag's topic/partition, which
+    is dropped when the partition is revoked. A day's worth of distinct requests and
+    reassignments leaves the series count where it started."""
+    from pipeline.metrics import PipelineMetrics
+
+    m = PipelineMetrics(process_collectors=False)
+
+    def series() -> int:
+        return sum(1 for line in m.exposition().decode().splitlines() if not line.startswith("#"))
+
+    for i in range(200):  # warm: every closed set seen once
+        m.arrived("bulk")
+        m.completed("bulk", ("computed", "stored", "inflight", "batch")[i % 4], 0.01)
+        m.dead_letter(("decode", "validate", "infer", "expired", "publish")[i % 5], "bulk")
+        m.batch(8, 64, 80, 0.01, ("deadline", "aged", "full", "window", "expired")[i % 5])
+        m.offsets_passed(1, i % 2 == 0)
+    m.consumer_lag("lane", 0, 5)
+    before = series()
+    for i in range(20_000):
+        lane = ("realtime", "standard", "bulk")[i % 3]
+        m.arrived(lane)
+        m.completed(lane, "computed", i / 1e4)
+        m.dead_letter("validate", lane)
+        m.offsets_passed(2, i % 2 == 0)
+        partition = 1 + i % 50
+        m.consumer_lag("lane", partition, i)  # assigned ...
+        m.forget_partition("lane", partition)  # ... then revoked
+    assert series() == before

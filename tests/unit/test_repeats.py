@@ -203,3 +203,37 @@ def test_the_store_is_asked_again_only_for_a_key_stored_since(
     reads = table.reads
     assert _lead(repeats, [old])[0] == [old]
     assert table.reads == reads + 1, "writes were forgotten since: the store must be asked"
+
+
+def test_memory_per_key_is_bounded_by_the_work_in_flight_whatever_the_distinct_keys() -> None:
+    """50,000 distinct texts in batches of 32 (some repeating within a batch), each
+    batch finished then stored, failed or not stored: the computations under way and
+    the settled results hold only what is in flight (nothing once every batch is
+    answered), and the keys remembered for re-reads at most RECENT."""
+    from pipeline.worker.repeats import RECENT
+
+    repeats = _repeats({})
+    peak_flight = peak_settled = 0
+    offset = 0
+    for round_ in range(50_000 // 32):
+        batch = []
+        for i in range(32):
+            key = f"text {round_}-{i // 2 if i % 8 == 0 else i}"  # a twin now and then
+            batch.append(_work(key, offset))
+            offset += 1
+        leaders, _known = _lead(repeats, batch)
+        peak_flight = max(peak_flight, len(repeats._flight))
+        for n, leader in enumerate(leaders):
+            failed = n % 10 == 9
+            waiters = repeats.finish(leader, None if failed else Prediction(embedding=[1.0]))
+            peak_settled = max(peak_settled, len(repeats._settled))
+            if failed:
+                continue
+            if n % 10 == 8:
+                repeats.forget(leader)  # its publish failed: not stored
+            else:
+                repeats.remember(leader, b"encoded")
+            assert waiters[0] is leader
+    assert len(repeats._flight) == 0 and len(repeats._settled) == 0
+    assert 0 < peak_settled <= 32 and 0 < peak_flight <= 32
+    assert len(repeats._recent) == RECENT
