@@ -3,6 +3,7 @@ served only for the same model input, of the same model files (README, "Dedupe")
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_a_text_the_tokenizer_reads_differently_is_computed_not_served_stored(
         got = _send_and_wait(dep, "  ALPHA beta\tgamma   delta ", "variant", 3)
     spaced, variant = got["spaced"].record, got["variant"].record
     assert spaced["served"] == "computed", spaced["served"]
-    model = load_model(dep.settings.model)
+    model = load_model(dataclasses.replace(dep.settings.model, process="off"))  # here, alone
     (direct,) = model.predict(["alpha beta gamma delta"])
     assert direct.embedding is not None
     assert _cos(spaced["embedding"], direct.floats()) >= 0.999
