@@ -12,7 +12,8 @@ fixture):
 - an unknown schema id, an incompatible writer schema and a corrupt body are
   dead letters naming the cause;
 - the registry stopped mid-run: nothing is dead-lettered, records of a schema
-  already known go on, the held ones are all answered once it is back.
+  already known go on, the held ones are all answered once it is back;
+- a worker that cannot register its answer schemas stops with one line.
 
 The worker runs the no-op model: what is under test is the framing, not the model.
 """
@@ -303,3 +304,19 @@ def test_a_registry_down_mid_run_holds_its_records_and_dead_letters_none(
             assert _metric(metrics_port, "pipeline_registry_waiting_schemas") == 0
     finally:
         registry.stop()
+
+
+def test_a_worker_that_cannot_register_its_answer_schemas_stops_in_one_line(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=1, PIPELINE_MODEL_TASK="noop")
+    worker = dep.spawn(PIPELINE_REGISTRY_URL=nobody, PIPELINE_REGISTRY_ANSWER_FRAMING="registry")
+    code = worker.proc.wait(timeout=120)
+    last = worker.log().strip().splitlines()[-1]
+    assert code != 0
+    assert last.startswith(
+        "pipeline: PIPELINE_REGISTRY_ANSWER_FRAMING=registry: cannot register "
+        f"InferenceResult under {dep.settings.topics.results_topic}-value "
+        f"at {nobody}: "
+    ), last
