@@ -34,7 +34,14 @@ from pipeline.calibrate import calibrate
 from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.errors import ConfigurationError
 from pipeline.faust_conf import app_conf
-from pipeline.inference import DeviceTelemetry, InferenceEngine, device_utilisation, load_model
+from pipeline.inference import (
+    DeviceTelemetry,
+    InferenceEngine,
+    SimTelemetry,
+    device_utilisation,
+    load_model,
+    telemetry_for,
+)
 from pipeline.logs import configure_logging
 from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
 from pipeline.preflight import preflight
@@ -193,7 +200,8 @@ class _RuntimeHolder(Service):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.engine: InferenceEngine | None = None
         self.fallback: InferenceEngine | None = None
-        self.telemetry: DeviceTelemetry | None = None
+        self.model: Any = None
+        self.telemetry: DeviceTelemetry | SimTelemetry | None = None
         self.metrics_server: MetricsServer | None = None
         self.stalls: StallWatch | None = None
         self.answer_producer: AnswerProducer | None = None
@@ -267,7 +275,8 @@ class _RuntimeHolder(Service):
             fb = await loop.run_in_executor(None, load_model, fb_settings)
             fallback = self.fallback = await self._start_engine(fb)
             fallback_model = (fb_settings.display_name, fb_settings.version)
-        self.telemetry = DeviceTelemetry(model.device)
+        self.model = model
+        self.telemetry = telemetry_for(model, s.model.sim_path)
         self.metrics.model(s.model.display_name, s.model.version, str(model.device), s.model.task)
         self.answer_producer = AnswerProducer(s, on_fatal=self._answer_path_failed)
         self.answer_producer.start()
@@ -347,6 +356,9 @@ class _RuntimeHolder(Service):
             await asyncio.sleep(self.settings.metrics.sample_interval_s)
             with contextlib.suppress(Exception):  # telemetry must never hurt the worker
                 sample_once(self.metrics, self.telemetry, self.app.consumer)
+                _calls, forward_s, lock_wait_s = self.model.timing.totals()
+                restarts = getattr(self.model, "restarts", 0)
+                self.metrics.model_timing(forward_s, lock_wait_s, restarts)
 
     async def on_stop(self) -> None:
         if self.stalls is not None:

@@ -115,6 +115,16 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pipeline_device_memory_used_bytes": ("gauge", "GPU memory in use"),
     "pipeline_device_memory_total_bytes": ("gauge", "GPU memory in all"),
     "pipeline_engine_busy_ratio": ("gauge", "share of recent time the engine thread computed"),
+    "pipeline_model_forward_seconds": (
+        "counter",
+        "wall time of the model's forwards, measured where the network runs",
+    ),
+    "pipeline_model_lock_wait_seconds": (
+        "counter",
+        "of the forwards' time, the network's thread waiting for the interpreter lock "
+        "(known on the simulated device only)",
+    ),
+    "pipeline_model_process_restarts": ("counter", "model processes started again after one died"),
     "pipeline_consumer_lag": ("gauge", "records behind the partition's end (highwater)"),
     "pipeline_breaker_state": ("gauge", "1 for the circuit breaker's current state"),
     "pipeline_shed_level": ("gauge", "load-shedding level, 0 (none) to 3 (see degrade.py)"),
@@ -213,6 +223,11 @@ class PipelineMetrics:
         self._mem_used = gauge("pipeline_device_memory_used_bytes")
         self._mem_total = gauge("pipeline_device_memory_total_bytes")
         self._busy = gauge("pipeline_engine_busy_ratio")
+        self._forward_s, self._lock_wait_s, self._restarts = (
+            counter(f"pipeline_model_{n}")
+            for n in ("forward_seconds", "lock_wait_seconds", "process_restarts")
+        )
+        self._model_seen = (0.0, 0.0, 0)
         self._lag = gauge("pipeline_consumer_lag", ["topic", "partition"])
         self._breaker = gauge("pipeline_breaker_state", ["state"])
         self._shed = gauge("pipeline_shed_level")
@@ -364,6 +379,16 @@ class PipelineMetrics:
     def busy_fraction(self, f: float) -> None:
         """The engine thread's busy share (``InferenceEngine.busy_fraction()``)."""
         self._busy.set(f)
+
+    def model_timing(self, forward_s: float, lock_wait_s: float | None, restarts: int) -> None:
+        """The model side's running totals (``ForwardTiming.totals``, the model
+        process's restarts); the counters advance by what is new since the last call."""
+        seen_f, seen_w, seen_r = self._model_seen
+        wait = lock_wait_s or 0.0
+        self._forward_s.inc(max(0.0, forward_s - seen_f))
+        self._lock_wait_s.inc(max(0.0, wait - seen_w))
+        self._restarts.inc(max(0, restarts - seen_r))
+        self._model_seen = (max(seen_f, forward_s), max(seen_w, wait), max(seen_r, restarts))
 
     def consumer_lag(self, topic: str, partition: int, lag: int) -> None:
         self._lag.labels(topic=topic, partition=str(partition)).set(max(0, lag))
