@@ -6,6 +6,7 @@
   does not decode, bytes left over, an unknown id (the lookup's own error);
 - intake over registry-framed bytes, and without a registry configured;
 - answers encoded with the registry's header carry the single-object body;
+- settings that cannot work are named;
 - the lane reader holds a partition's registry-framed records while their
   schema is looked up, and while the registry does not answer (retried, never
   dead-lettered), takes the other partitions meanwhile, and dead-letters an
@@ -342,3 +343,33 @@ async def _until(done: Any, timeout_s: float = 10.0) -> None:
     while not done():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"PIPELINE_REGISTRY_URL": "ftp://registry:8081"}, "PIPELINE_REGISTRY_URL"),
+        ({"PIPELINE_REGISTRY_ANSWER_FRAMING": "registry"}, "ANSWER_FRAMING=registry needs"),
+        ({"PIPELINE_REGISTRY_ANSWER_FRAMING": "protobuf"}, "ANSWER_FRAMING='protobuf'"),
+        ({"PIPELINE_REGISTRY_BASIC_AUTH_USER_INFO": "alice"}, "expected user:password"),
+        ({"PIPELINE_REGISTRY_CA_FILE": "/nowhere.pem"}, "PIPELINE_REGISTRY_CA_FILE"),
+        ({"PIPELINE_REGISTRY_RETRY_BACKOFF_MS": "0"}, "RETRY_BACKOFF_MS"),
+    ],
+)
+def test_registry_settings_that_cannot_work_are_named(env: dict[str, str], named: str) -> None:
+    from pipeline.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as err:
+        Settings.from_env(env)
+    assert named in str(err.value)
+
+
+def test_registry_urls_and_secrets() -> None:
+    s = Settings.from_env(
+        {
+            "PIPELINE_REGISTRY_URL": "http://a:8081/, https://b:8081",
+            "PIPELINE_REGISTRY_BASIC_AUTH_USER_INFO": "alice:pw",
+        }
+    )
+    assert s.registry.urls == ["http://a:8081", "https://b:8081"] and s.registry.enabled
+    assert "alice" not in repr(s) and not Settings().registry.enabled
