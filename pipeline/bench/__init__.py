@@ -9,6 +9,7 @@
 - :mod:`.faust_floor`: the bare Faust agent of the faust-floor mode
 - :mod:`.phases`: one phase against running workers (a workload, after-idle, faust-floor)
 - :mod:`.run`: phases and modes in order
+- :mod:`.goodput`: realtime goodput, on time over what the model could have finished
 - :mod:`.feed`: how well the pipeline feeds the device: F, G, U, batches against raw's
 - :mod:`.report`: targets, Markdown, JSON, plots
 """

@@ -184,6 +184,7 @@ def _play(
     summary = _summary(dep, name, answers, sent=_sent(collector, prefix), started_ms=started_ms)
     gpu = sampler.gpu_util(name) if sampler is not None else None
     summary |= {
+        "sent_by_lane": _sent_by_lane(collector, prefix),
         **batch_stats(before, after),
         **model_stats(before, settled),
         "tokenize_share": None,
@@ -206,6 +207,14 @@ def _sent(collector: Collector, prefix: str) -> int:
     return sum(1 for rid in list(collector.sent) if rid.startswith(prefix))
 
 
+def _sent_by_lane(collector: Collector, prefix: str) -> dict[str, int]:
+    out = dict.fromkeys(LANES, 0)
+    for rid, (lane, _) in list(collector.sent.items()):
+        if rid.startswith(prefix) and lane in out:
+            out[lane] += 1
+    return out
+
+
 def run_phase(
     dep: Deployment,
     name: str,
@@ -221,7 +230,7 @@ def run_phase(
     say(
         f"{dep.mode}/{name}: {summary['answered']}/{summary['sent']} answered, "
         f"{summary['throughput']:.1f}/s, realtime p99 {summary['latency_ms']['realtime']['p99']}"
-        + (f", expired {sum(summary['expired'].values())}" if name == "burst" else "")
+        + (f", expired {sum(summary['expired'].values())}" if name.startswith("burst") else "")
     )
     return summary
 

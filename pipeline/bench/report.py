@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.feed import GIB, feed, feed_lines
+from pipeline.bench.goodput import FORMULA, GOODPUT_PHASES, realtime_goodput
 from pipeline.bench.stats import PATH_LEGS
 
-__all__ = ["markdown", "targets", "write_report"]
+__all__ = ["goodputs", "markdown", "targets", "write_report"]
 
 #: F's goal per simulated-device profile (issue 32); other profiles and devices report it.
 F_GOALS = {"graphed": 0.8, "slow": 0.95}
@@ -142,6 +143,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target(f"adaptive, the same burst{burst_n}: realtime expirations",
                        None if burst is None else float(burst["expired"]["realtime"]),
                        0.0, "", at_most=True))  # fmt: skip
+    out += _goodput_targets(report)
     backlog = _phase(report, "adaptive", "backlog")
     what = "a bulk backlog" if backlog is None else (
         f"realtime at {backlog['realtime_rate']:g}/s while a {backlog['backlog_requests']:,}"
@@ -172,6 +174,59 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target("fixed worker peak RSS (for reference)", _peak_rss(report, "fixed"),
                        1.5, "GiB", at_most=True))  # fmt: skip
     return out
+
+
+def goodputs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Realtime goodput of adaptive's saturate and burst phases (:mod:`.goodput`), by
+    phase; C from raw's best throughput in the same run."""
+    best = _tput(report, "raw")
+    out = {}
+    for name in GOODPUT_PHASES:
+        phase = _phase(report, "adaptive", name)
+        block = None if phase is None else realtime_goodput(phase, best)
+        if block is not None:
+            out[name] = block
+    return out
+
+
+def _goodput_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    good = goodputs(report)
+    burst, small = _phase(report, "adaptive", "burst"), _phase(report, "adaptive", "burst-small")
+    n = "" if burst is None else f" of {burst['sent']}"
+    value = (good.get("burst") or {}).get("goodput")
+    out = [_target(f"adaptive, the burst{n}: realtime goodput (on time / min(sent, C))", value,
+                   0.8, "x")]  # fmt: skip
+    m = "" if small is None else f" of {small['sent']}"
+    out.append(_target(f"adaptive, a burst{m} (its realtime within C): realtime expirations",
+                       None if small is None else float(small["expired"]["realtime"]),
+                       0.0, "", at_most=True))  # fmt: skip
+    after = [
+        float(block["p99"])
+        for p in (burst, small)
+        if p is not None
+        and (block := p.get("realtime_expired_after_ms") or {}).get("n")
+        and block.get("p99") is not None
+    ]
+    deadline = float(((burst or small or {}).get("deadlines_ms") or {}).get("realtime", 200))
+    out.append(_target("adaptive bursts: realtime creation → expired dead letter, p99 (worst "
+                       "burst; none expired: not run)", max(after) if after else None, deadline,
+                       "ms", at_most=True))  # fmt: skip
+    return out
+
+
+def _goodput_lines(report: dict[str, Any]) -> list[str]:
+    good = goodputs(report)
+    if not good:
+        return []
+    lines = [f"Realtime goodput (adaptive): {FORMULA}.", "",
+             "| phase | realtime sent | on time | C | deadline − legs ms | goodput |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, g in good.items():
+        lines.append(
+            f"| {name} | {g['sent']} | {g['on_time']} | {g['capacity']:.1f} "
+            f"| {g['deadline_ms']:.0f} − {g['legs_ms']:.0f} | {_fmt(g['goodput'], 2)} |"
+        )
+    return [*lines, ""]
 
 
 def _lane(phase: dict[str, Any] | None, q: str, lane: str = "realtime") -> float | None:
@@ -327,6 +382,7 @@ def markdown(report: dict[str, Any]) -> str:
     if backlog is not None:
         lines += [_backlog_line(backlog), ""]
     lines += feed_lines(report)
+    lines += _goodput_lines(report)
     path = _path_table(report)
     if path:
         lines += [*path, ""]
@@ -410,7 +466,8 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
 def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write the JSON, Markdown and PNG files into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    report = {**report, "feed": feed(report), "targets": targets(report)}
+    report = {**report, "feed": feed(report), "goodput": goodputs(report),
+              "targets": targets(report)}  # fmt: skip
     paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
     paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(report), encoding="utf-8")

@@ -9,6 +9,9 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
 - ``dup-0`` / ``dup-50``: saturation at 0 % and 50 % duplicates (adaptive);
 - ``burst``: ``burst_requests`` at once into the adaptive worker after
   ``idle_s`` of silence (the seed's case);
+- ``burst-small``: ``burst_small_requests`` the same way, a burst whose
+  realtime part fits what the model can finish within its deadline
+  (:mod:`.goodput`'s ``C``);
 - ``backlog``: ``backlog_requests`` bulk requests at once into the adaptive
   worker after ``idle_s`` of silence, and realtime requests at
   ``backlog_rate`` per second until the bulk is answered (at most
@@ -76,6 +79,7 @@ class BenchConfig:
     threads: tuple[str, ...] = ()
     workers: int = 1  # worker processes per mode, side by side (one consumer group)
     burst_requests: int = 1000  # adaptive's burst phase; 0: none
+    burst_small_requests: int = 300  # adaptive's burst-small phase (its realtime within C); 0: none
     backlog_requests: int = 1500  # adaptive's backlog phase (bulk); 0: none
     backlog_rate: float = 10.0  # its realtime requests per second while the bulk drains
     backlog_max_s: float = 60.0  # the bound on that realtime stream, should the bulk not drain
@@ -88,7 +92,8 @@ class BenchConfig:
         """A smoke run: a few seconds per mode."""
         base = cls(requests=60, noop_requests=400, duration_s=3.0, loads=(0.8,), raw_budgets=(512,),
                    st_sizes=(32,),
-                   burst_requests=60, backlog_requests=100, backlog_max_s=10.0,
+                   burst_requests=60, burst_small_requests=30, backlog_requests=100,
+                   backlog_max_s=10.0,
                    idle_requests=3, idle_s=1.0)  # fmt: skip
         return dataclasses.replace(base, **changes)
 
@@ -148,6 +153,14 @@ def _worker_mode(
                     n=config.burst_requests, seed=config.seed + 20, dup_rate=config.dup_rate
                 )
                 phases.append(run_phase(dep, "burst", burst, config=config, sampler=sampler))
+            if config.burst_small_requests:
+                # A burst whose realtime part the model can finish within its deadline
+                # (goodput's C): there nothing should expire.
+                time.sleep(config.idle_s)
+                small = WorkloadSpec(
+                    n=config.burst_small_requests, seed=config.seed + 21, dup_rate=config.dup_rate
+                )
+                phases.append(run_phase(dep, "burst-small", small, config=config, sampler=sampler))
             if config.backlog_requests:
                 time.sleep(config.idle_s)
                 phases.append(backlog(dep, config=config, seed=config.seed + 40, sampler=sampler))

@@ -77,9 +77,10 @@ def summarize(
     started_ms: float,
     deadlines_ms: Mapping[str, int],
 ) -> dict[str, Any]:
-    """Throughput, latency percentiles per lane, deadline misses, expirations and
-    dedupe levels of one phase. Latency is receipt time minus ``created_at_ms``;
-    throughput is answers over (last receipt - ``started_ms``)."""
+    """Throughput, latency percentiles per lane, deadline misses, results on time,
+    expirations (and how long after its creation each ``expired`` dead letter came
+    back) and dedupe levels of one phase. Latency is receipt time minus
+    ``created_at_ms``; throughput is answers over (last receipt - ``started_ms``)."""
     answers = list(answers)
     results = [a for a in answers if a.kind == "result"]
     dead = [a for a in answers if a.kind == "dead_letter"]
@@ -90,14 +91,22 @@ def summarize(
         chosen = [a for a in results if lane in ("all", a.lane)]
         latency[lane] = _latency_block([a.received_ms - a.created_at_ms for a in chosen])
     missed = dict.fromkeys(LANES, 0)
+    on_time = dict.fromkeys(LANES, 0)
     for a in results:
+        if a.lane not in missed:
+            continue
         done = a.completed_at_ms if a.completed_at_ms is not None else a.received_ms
-        if a.lane in missed and done - a.created_at_ms > deadlines_ms.get(a.lane, math.inf):
+        if done - a.created_at_ms > deadlines_ms.get(a.lane, math.inf):
             missed[a.lane] += 1
+        else:
+            on_time[a.lane] += 1
     expired = dict.fromkeys(LANES, 0)
+    expired_after: list[float] = []  # creation -> the expired dead letter's receipt
     for a in dead:
         if a.stage == "expired" and a.lane in expired:
             expired[a.lane] += 1
+            if a.lane == LANES[0]:
+                expired_after.append(a.received_ms - a.created_at_ms)
     served: dict[str, int] = {}
     for a in results:
         key = a.served or "computed"
@@ -116,7 +125,10 @@ def summarize(
         "latency_ms": latency,
         "realtime_path_ms": path_breakdown(realtime),
         "deadline_missed": missed,
+        "on_time": on_time,
+        "deadlines_ms": {lane: deadlines_ms[lane] for lane in LANES if lane in deadlines_ms},
         "expired": expired,
+        "realtime_expired_after_ms": _latency_block(expired_after),
         "served": served,
         "dedupe_hit_rate": {
             level: served.get(level, 0) / len(results) if results else 0.0

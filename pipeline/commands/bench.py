@@ -185,6 +185,15 @@ def _sets(
     "60; 0: no burst phase].",
 )
 @click.option(
+    "--burst-small",
+    "burst_small_requests",
+    type=click.IntRange(0),
+    default=None,
+    help="Requests of adaptive's burst-small phase, at once into the idle worker after the "
+    "burst: a burst whose realtime part (10 %) the model can finish within its deadline, so "
+    "none should expire [300; quick 30; 0: none].",
+)
+@click.option(
     "--backlog",
     "backlog_requests",
     type=click.IntRange(0),
@@ -245,6 +254,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     threads: tuple[str, ...],
     workers: int,
     burst_requests: int | None,
+    burst_small_requests: int | None,
     backlog_requests: int | None,
     backlog_max_s: float | None,
     idle_requests: int | None,
@@ -306,6 +316,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         changes["loads"] = loads
     for name, value in (
         ("burst_requests", burst_requests),
+        ("burst_small_requests", burst_small_requests),
         ("backlog_requests", backlog_requests),
         ("backlog_max_s", backlog_max_s),
         ("idle_requests", idle_requests),

@@ -16,6 +16,8 @@ from click.testing import CliRunner
 
 from pipeline.bench import WORDS, WorkloadSpec, generate, markdown, percentile, summarize, targets
 from pipeline.bench.drive import send
+from pipeline.bench.goodput import capacity_bound, goodput
+from pipeline.bench.report import goodputs
 from pipeline.bench.stats import (
     Answered,
     ProcProbe,
@@ -627,6 +629,7 @@ def test_help_lists_the_flags() -> None:
         "--bootstrap",
         "--workers",
         "--burst",
+        "--burst-small",
         "--backlog",
         "--backlog-max-s",
         "--idle-requests",
@@ -655,3 +658,70 @@ def test_set_refuses_what_a_worker_would_refuse_before_starting_anything(
 ) -> None:
     result = CliRunner().invoke(main, ["bench", "--set", arg])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_goodput_divides_on_time_by_what_the_model_could_have_finished() -> None:
+    # The case: ~230 texts/s alone, a 200 ms deadline less ~30 ms of legs.
+    c = capacity_bound(230.0, 200.0, 30.0)
+    assert c == pytest.approx(39.1)
+    assert goodput(17, 100, c) == pytest.approx(17 / 39.1)  # more sent than possible
+    assert goodput(30, 37, 1000.0) == pytest.approx(30 / 37)  # fewer sent than possible
+    assert capacity_bound(230.0, 200.0, 250.0) == 0.0  # the legs alone spend the deadline
+    assert goodput(0, 10, 0.0) is None and goodput(0, 0, 39.1) is None
+
+
+def test_summarize_counts_realtime_on_time_and_when_its_expirations_came_back() -> None:
+    answers = [
+        Answered("a", "realtime", "result", 0, 150.0, completed_at_ms=120, served="computed"),
+        Answered("b", "realtime", "result", 0, 260.0, completed_at_ms=230, served="computed"),
+        Answered("c", "realtime", "dead_letter", 0, 60.0, stage="expired"),
+        Answered("d", "realtime", "dead_letter", 10, 190.0, stage="expired"),
+        Answered("e", "realtime", "dead_letter", 0, 500.0, stage="decode"),
+    ]
+    s = summarize(answers, sent=5, started_ms=0.0, deadlines_ms={"realtime": 200})
+    assert s["on_time"]["realtime"] == 1 and s["deadline_missed"]["realtime"] == 1
+    after = s["realtime_expired_after_ms"]
+    assert after["n"] == 2 and after["p50"] == pytest.approx(120.0)  # 60 and 180 ms
+    assert s["deadlines_ms"] == {"realtime": 200}
+
+
+def test_goodput_targets_from_raw_and_the_bursts_of_the_same_run() -> None:
+    def burst(
+        name: str, sent: int, on_time: int, expired: int, after_p99: float
+    ) -> dict[str, object]:
+        legs = {"engine": {"p50": 20.0}, "answer": {"p50": 10.0}}
+        return {"phase": name, "sent": sent * 10, "throughput": 100.0,
+                "latency_ms": {"realtime": {"p50": 80.0, "p95": 150.0, "p99": 190.0}},
+                "sent_by_lane": {"realtime": sent, "standard": 0, "bulk": 0},
+                "on_time": {"realtime": on_time}, "expired": {"realtime": expired},
+                "deadlines_ms": {"realtime": 200}, "realtime_path_ms": legs,
+                "realtime_expired_after_ms": {"n": float(expired), "p99": after_p99}}  # fmt: skip
+
+    report = {
+        "modes": {
+            "raw": {"phases": [{"phase": "saturate", "throughput": 230.0}]},
+            "adaptive": {
+                "phases": [burst("burst", 100, 35, 60, 150.0), burst("burst-small", 30, 30, 0, 0.0)]
+            },
+        }
+    }
+    good = goodputs(report)
+    assert good["burst"]["capacity"] == pytest.approx(39.1)  # 230/s x (200 - 30) ms
+    assert good["burst"]["goodput"] == pytest.approx(35 / 39.1)
+    assert good["burst-small"]["goodput"] == pytest.approx(1.0)  # 30 of 30, within C
+    by_name = {t["target"]: t for t in targets(report)}
+    assert (
+        by_name["adaptive, the burst of 1000: realtime goodput (on time / min(sent, C))"]["met"]
+        is True
+    )
+    small = by_name["adaptive, a burst of 300 (its realtime within C): realtime expirations"]
+    assert small["value"] == 0.0 and small["met"] is True
+    after = next(t for t in targets(report) if "creation → expired" in t["target"])
+    assert after["value"] == 150.0 and after["goal"] == 200.0 and after["met"] is True
+    table = markdown(report)
+    assert "min(realtime sent, C)" in table
+    assert "| burst | 100 | 35 | 39.1 | 200 − 30 | 0.90 |" in table
+    # Without raw in the run there is no C, and so no goodput.
+    del report["modes"]["raw"]
+    assert goodputs(report) == {}
+    assert by_name and next(t for t in targets(report) if "goodput" in t["target"])["value"] is None
