@@ -23,11 +23,7 @@ part of the launch phase spent beyond what the same launches took alone
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
 import select
-import struct
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,11 +32,9 @@ import numpy as np
 
 from pipeline.errors import InferenceError
 from pipeline.inference.model import Encoded, Model, Prediction
+from pipeline.inference.sim_device import SimDevice, read_busy_s
 
-__all__ = ["PROFILES", "SimDevice", "SimModel", "SimProfile"]
-
-_COUNTER = struct.Struct("<q")  # busy nanoseconds, at offset 0 of the device file
-
+__all__ = ["PROFILES", "SimDevice", "SimModel", "SimProfile", "read_busy_s"]
 
 @dataclasses.dataclass(frozen=True)
 class SimProfile:
@@ -77,61 +71,6 @@ def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-class SimDevice:
-    """The host's one simulated device: a file whose lock serialises every process's
-    device phase and whose first 8 bytes count the nanoseconds it was busy."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._local = threading.Lock()  # flock excludes processes, not threads
-        self._last: tuple[float, int] | None = None
-        self._util = 0.0
-
-    def run(self, seconds: float) -> float:
-        """Hold the device for ``seconds`` (waiting without the interpreter lock);
-        return the time spent queueing for it behind other processes."""
-        with self._local:
-            t0 = time.perf_counter()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            queued = time.perf_counter() - t0
-            try:
-                time.sleep(seconds)
-                busy = _COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]
-                os.pwrite(self._fd, _COUNTER.pack(busy + int(seconds * 1e9)), 0)
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return queued
-
-    def busy_s(self) -> float:
-        """Seconds the device was busy, all processes together, since the file was made."""
-        return float(_COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]) / 1e9
-
-    def utilisation(self) -> float:
-        """Busy share of the device since the previous call at least 0.5 s ago (0..1)."""
-        now, busy = time.monotonic(), int(self.busy_s() * 1e9)
-        if self._last is None:
-            self._last = (now, busy)
-        elif now - self._last[0] >= 0.5:
-            then, before = self._last
-            self._util = min(1.0, max(0.0, (busy - before) / 1e9 / (now - then)))
-            self._last = (now, busy)
-        return self._util
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def read_busy_s(path: Path) -> float:
-    """The busy counter of the device file at ``path`` (0 when there is none yet)."""
-    try:
-        with path.open("rb") as f:
-            return float(_COUNTER.unpack(f.read(8).ljust(8, b"\0"))[0]) / 1e9
-    except FileNotFoundError:
-        return 0.0
 
 
 class SimModel(Model):

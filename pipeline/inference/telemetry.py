@@ -132,7 +132,7 @@ class SimTelemetry:
     (:class:`~pipeline.inference.sim.SimDevice`); no memory readings."""
 
     def __init__(self, path: Path) -> None:
-        from pipeline.inference.sim import SimDevice
+        from pipeline.inference.sim_device import SimDevice
 
         self._device: Any = SimDevice(path)
         self._lock = threading.Lock()
