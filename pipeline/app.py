@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import faust
 from mode import Service
@@ -221,11 +221,11 @@ class _RuntimeHolder(Service):
             self.buffer,
             lane_of_topic,
             ReaderConsumer(
-                seek=lambda tp, offset: app.consumer.seek(tp, offset),  # noqa: PLW0108
+                seek=lambda tp, offset: faust_edge.seek(app.consumer, tp, offset),
                 add_gap=lambda tp, low, high: faust_edge.add_gap(app.consumer, tp, low, high),
                 forget=lambda records: faust_edge.forget(app.consumer, records),
                 start_offset=self.start_offsets.get,
-                position=lambda tp: app.consumer.position(tp),  # noqa: PLW0108
+                position=lambda tp: faust_edge.position(app.consumer, tp),
                 pass_end=lambda tp, low, high: faust_edge.pass_end(app.consumer, tp, low, high),
             ),
             continuity=Continuity(explains=self.passed.explains),
@@ -345,7 +345,7 @@ class _RuntimeHolder(Service):
             for tp, offset in self.continuity.overdue():
                 log.warning("%s: seek back to %d got no records; seeking again", tp, offset)
                 with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
-                    await self.app.consumer.seek(cast(Any, tp), offset)
+                    await faust_edge.seek(self.app.consumer, tp, offset)
             await self.reader.check_ends()
 
     async def _sample_device(self) -> None:

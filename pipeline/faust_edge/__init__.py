@@ -34,6 +34,10 @@ made here, and nowhere else:
 - a dedupe write names the partition of its record, so the changelog record
   goes to that partition (:func:`in_partition_of`);
 - the consumer's committed offsets, for the lag metric (:func:`committed`);
+- the reader's seeks back and position reads are made on the consumer's thread
+  (:func:`seek`, :func:`position`): Faust's ``seek`` changes aiokafka's state from
+  the event loop's thread, and its ``position`` can hold the consumer thread's
+  method queue while a position is being reset;
 - a full lane's partitions are paused in aiokafka itself (:func:`pause_fetch`),
   and the worker's consumer waits at most ``PIPELINE_KAFKA_FETCH_MAX_WAIT_MS``
   in a fetch (:func:`set_fetch_max_wait`): Faust's own flow control left a
@@ -78,8 +82,10 @@ from pipeline.faust_edge.consumer import (
     note_passed,
     pass_end,
     pause_fetch,
+    position,
     releaser,
     resume_fetch,
+    seek,
     seek_to_committed_or_start,
     set_fetch_max_wait,
 )
@@ -99,8 +105,10 @@ __all__ = [
     "note_passed",
     "pass_end",
     "pause_fetch",
+    "position",
     "releaser",
     "resume_fetch",
+    "seek",
     "seek_to_committed_or_start",
     "set_fetch_max_wait",
 ]

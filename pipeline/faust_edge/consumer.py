@@ -6,6 +6,8 @@ See the package's promise (:mod:`pipeline.faust_edge`) for what each one is for;
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -27,8 +29,10 @@ __all__ = [
     "note_passed",
     "pass_end",
     "pause_fetch",
+    "position",
     "releaser",
     "resume_fetch",
+    "seek",
     "seek_to_committed_or_start",
     "set_fetch_max_wait",
 ]
@@ -295,36 +299,65 @@ def pause_fetch(consumer: Any, tp: Any) -> None:
     fetched: a noop worker draining a burst of 10,000 stood idle once or twice for
     0.6-0.8 s and answered 4,800-8,500 events/s (median 5,800); paused in aiokafka,
     7,500-9,700/s (docs/design.md, "Pausing a full lane")."""
-    _on_consumer_thread(consumer, tp, pause=True)
+    _on_consumer_thread(consumer, tp, lambda c, partition: c.pause(partition), "paused")
 
 
 def resume_fetch(consumer: Any, tp: Any) -> None:
     """Fetch ``tp`` again, from its position (see :func:`pause_fetch`)."""
-    _on_consumer_thread(consumer, tp, pause=False)
+    _on_consumer_thread(consumer, tp, lambda c, partition: c.resume(partition), "resumed")
 
 
-def _on_consumer_thread(consumer: Any, tp: Any, *, pause: bool) -> None:
+async def seek(consumer: Any, tp: Any, offset: int) -> None:
+    """Make ``tp``'s next fetch start at ``offset``: aiokafka's ``seek``, made on the
+    consumer's thread (a revoked partition is let be: its next owner reads it).
+
+    Not Faust's ``Consumer.seek``, which makes aiokafka's synchronous ``seek`` on the
+    caller's thread, the event loop's: it rewrites the partition's fetch state while
+    the consumer thread may be fetching, resetting or reassigning it (a rejoin after
+    a stall), and resolves two futures of the consumer thread's loop from the wrong
+    thread. That loop is uvloop's, whose ``call_soon`` is not thread-safe (it appends
+    to the loop's ready queue and starts a libuv handle from the calling thread).
+    The one fault test that failed (1 in 4 runs) went silent right after such a
+    seek back, after a rejoin: no record, no commit, no "seeking again" from the
+    once-a-second timer, for 90 s. Made on the consumer's thread, the seek runs
+    between that thread's own steps.
+    """
+    _on_consumer_thread(consumer, tp, lambda c, partition: c.seek(partition, offset), "sought")
+
+
+async def position(consumer: Any, tp: Any, timeout_s: float = 1.0) -> int | None:
+    """The consumer's position in ``tp`` (the offset of the next record it returns),
+    read on the consumer's thread; raises (TimeoutError, IllegalStateError) when it
+    has none within ``timeout_s`` (a reset under way) or ``tp`` is not assigned.
+
+    Not Faust's ``position``, which queues aiokafka's ``position`` on the consumer
+    thread's method queue (two workers, shared with fetches, commits and seeks back):
+    while a partition's position is being reset that call waits on the thread even
+    after its caller gave up, so a few of them could hold every worker."""
+    thread = consumer._thread
+    aiokafka_consumer = thread._ensure_consumer()
+    partition = TopicPartition(tp[0], tp[1])
+    waited = asyncio.wait_for(aiokafka_consumer.position(partition), timeout_s)
+    done = asyncio.run_coroutine_threadsafe(waited, thread.thread_loop)
+    return await asyncio.wrap_future(done)
+
+
+def _on_consumer_thread(
+    consumer: Any, tp: Any, act: Callable[[Any, Any], object], what: str
+) -> None:
     thread = consumer._thread  # aiokafka's state belongs to the consumer thread's loop
     aiokafka_consumer = thread._ensure_consumer()
-    partition = TopicPartition(tp.topic, tp.partition)
+    partition = TopicPartition(tp[0], tp[1])
 
     def apply() -> None:
-        try:
-            if pause:
-                aiokafka_consumer.pause(partition)
-            else:
-                aiokafka_consumer.resume(partition)
-        except IllegalStateError:  # revoked meanwhile: its next assignment starts unpaused
-            pass
+        # Revoked meanwhile: its next assignment starts afresh.
+        with contextlib.suppress(IllegalStateError):
+            act(aiokafka_consumer, partition)
 
     try:
         thread.thread_loop.call_soon_threadsafe(apply)
     except RuntimeError:  # the consumer thread's loop is closed: the worker is stopping
-        log.debug(
-            "fetch of %s not %s: the consumer has stopped",
-            partition,
-            "paused" if pause else "resumed",
-        )
+        log.debug("%s not %s: the consumer has stopped", partition, what)
 
 
 def forget(consumer: Any, messages: Iterable[Any]) -> None:

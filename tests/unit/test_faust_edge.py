@@ -478,6 +478,64 @@ def test_offsets_aiokafkas_fetch_walks_past_without_a_record_are_noted() -> None
     ]
 
 
+def test_seeks_back_and_position_reads_are_made_on_the_consumers_thread() -> None:
+    """The reader's seek back and its position read run on the consumer thread's loop
+    (Faust's seek changed aiokafka's state from the event loop's thread); a seek of a
+    partition revoked meanwhile is let be; a position that does not come within the
+    timeout raises instead of holding the thread."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from aiokafka.errors import IllegalStateError
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    calls: list[tuple[str, object, bool]] = []
+
+    class AIOKafka:  # aiokafka's consumer, as far as the edge calls it
+        def seek(self, partition: object, offset: int) -> None:
+            calls.append(("seek", (partition, offset), threading.current_thread() is thread))
+            if partition[1] == 9:  # type: ignore[index]
+                raise IllegalStateError("not assigned")
+
+        async def position(self, partition: object) -> int:
+            calls.append(("position", partition, threading.current_thread() is thread))
+            if partition[1] == 9:  # type: ignore[index]
+                await asyncio.sleep(10)  # a reset under way
+            return 42
+
+    consumer = SimpleNamespace(_thread=SimpleNamespace(thread_loop=loop, _ensure_consumer=AIOKafka))
+
+    async def main() -> list[object]:
+        await faust_edge.seek(consumer, ("lane", 1), 7)
+        await faust_edge.seek(consumer, ("lane", 9), 7)  # revoked: no error
+        got: list[object] = [await faust_edge.position(consumer, ("lane", 1))]
+        try:
+            await faust_edge.position(consumer, ("lane", 9), timeout_s=0.2)
+        except TimeoutError:
+            got.append("timeout")
+        await asyncio.sleep(0.1)  # the seeks were handed to the other loop
+        return got
+
+    try:
+        assert asyncio.run(main()) == [42, "timeout"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    assert sorted(calls, key=str) == sorted(
+        [
+            ("seek", (("lane", 1), 7), True),
+            ("seek", (("lane", 9), 7), True),
+            ("position", ("lane", 1), True),
+            ("position", ("lane", 9), True),
+        ],
+        key=str,
+    )
+
+
 def test_the_dedupe_store_keeps_nothing_per_key_in_memory(tmp_path: Path) -> None:
     """20,000 distinct keys written (and their changelog records delivered), then
     Faust's own table write path for 20,000 more: the store's key index never holds
