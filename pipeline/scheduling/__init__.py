@@ -3,6 +3,7 @@
 - :mod:`.lanes`: :class:`Item`, bounded EDF queues per lane, pause/resume hysteresis
 - :mod:`.budget`: length buckets, the token budget, :class:`Plan`, batch assembly
 - :mod:`.controller`: the latency model and the budget's closed loop
+- :mod:`.triage`: which realtime requests can still make their deadline, batch by batch
 - :mod:`.scheduler`: :class:`Scheduler`, the dispatch decisions (clock injected)
 
 Wiring, in short::

@@ -27,6 +27,20 @@ requests left out ride in the next batches (measured with a 400-request burst
 on the real worker: keeping the full budget expired all 40 realtime requests,
 since a full batch was predicted past every one of their deadlines).
 
+When more realtime work is pending than one such batch holds, the realtime
+requests are laid out into the batches that would run them
+(:mod:`.triage`: earliest deadlines first, each batch as large as its
+earliest deadline allows); a request no batch of that layout finishes in
+time is expired now, well before its deadline, and when batches as large as
+the controller's budget (rather than the caps below) finish more realtime
+requests in time, or as many sooner, the batch to run now is the first of
+them, unless it would still run when a request of a lower lane becomes
+overdue (aging keeps its bound). Predictions count from ``engine_free_ms``
+when the caller passes it: a batch planned while others are still in the
+engine starts after them (issue 31: a burst of 37 short realtime texts went
+out in batches of 8 at ~160 texts/s, the rest expiring together at their
+deadline, where one batch at the best rate finished them all).
+
 No batch is planned past the controller's latency threshold, and while
 realtime flows (a realtime request arrived within ``FLOW_MS``) past
 ``flow_threshold`` of the realtime deadline: a realtime request waits for the
@@ -47,6 +61,7 @@ their own came after it).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,6 +70,7 @@ from typing import Generic, TypeVar
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, Item, LaneQueues
+from pipeline.scheduling.triage import triage
 from pipeline.settings import LANES, SchedulerSettings
 
 __all__ = ["Scheduler"]
@@ -144,21 +160,24 @@ class Scheduler(Generic[T]):
 
     # -- decisions -------------------------------------------------------------
 
-    def wait_ms(self, now_ms: int) -> int | None:
-        """How long the caller may sleep before ``next_batch``; ``None`` when empty."""
+    def wait_ms(self, now_ms: int, *, engine_free_ms: float | None = None) -> int | None:
+        """How long the caller may sleep before ``next_batch``; ``None`` when empty.
+        ``engine_free_ms``: when the batches already in the engine are predicted to
+        end (the next one starts then, not now); ``None``: the engine is idle."""
         if not len(self.queues):
             return None
-        decision = self._decide(now_ms)
+        decision = self._decide(now_ms, engine_free_ms)
         if decision.hopeless:
             return 0
         return max(0, math.ceil(decision.due_ms - now_ms))
 
-    def next_batch(self, now_ms: int) -> Plan[T] | None:
-        """The batch to run now, with any expired requests; ``None`` when nothing is due."""
+    def next_batch(self, now_ms: int, *, engine_free_ms: float | None = None) -> Plan[T] | None:
+        """The batch to run now, with any expired requests; ``None`` when nothing is due.
+        ``engine_free_ms`` as for :meth:`wait_ms` (pass the same to both)."""
         expired: list[Item[T]] = []
         decision = None
         while len(self.queues):
-            decision = self._decide(now_ms)
+            decision = self._decide(now_ms, engine_free_ms)
             if not decision.hopeless:
                 break
             self.queues.remove(decision.hopeless)
@@ -244,7 +263,7 @@ class Scheduler(Generic[T]):
 
     # -- internals ---------------------------------------------------------------
 
-    def _budget_now(self, now_ms: int, *, due_waiting: bool) -> int:
+    def _budget_now(self, now_ms: int, start_ms: float, *, due_waiting: bool) -> int:
         """The controller's budget, cut so that the batch is predicted to end before
         the tightest realtime deadline, as long as the most urgent realtime request
         still fits (if it does not, it is hopeless and expires instead) and no
@@ -268,14 +287,47 @@ class Scheduler(Generic[T]):
         realtime = self.queues.entries(self.lanes[0])
         if realtime and not due_waiting:
             urgent = realtime[0]  # EDF order
-            headroom = urgent.deadline_ms - now_ms - self.settings.margin_ms
+            headroom = urgent.deadline_ms - start_ms - self.settings.margin_ms
             fit = controller.tokens_within(headroom)
             if self.shapes.seq_len(urgent.bucket) <= fit < budget:
                 budget = fit
         return budget
 
-    def _decide(self, now_ms: int) -> _Decision[T]:
+    def _triage(
+        self, realtime: list[Entry[T]], start_ms: float, budget: int, *, aged_ms: float
+    ) -> tuple[list[Entry[T]], int, list[Entry[T]] | None]:
+        """The realtime requests that cannot make their deadline in any batch (to expire
+        now), the budget of the batch to run now, and the realtime requests it is to
+        hold when the capped batches would finish too few (else ``None``: as usual).
+        See the module's promise. ``aged_ms``: when the first request of a lower lane
+        becomes overdue."""
+        if not realtime or self.lanes[0] not in self.expire_lanes:
+            return [], budget, None
         s = self.settings
+        lay = functools.partial(
+            triage, realtime, self.shapes, start_ms=start_ms,
+            predict_ms=self.controller.predict_ms, max_items=s.max_items, margin_ms=s.margin_ms,
+        )  # fmt: skip
+        capped = lay(max_tokens=budget)
+        if not capped.batches or (len(capped.batches) == 1 and not capped.hopeless):
+            return capped.hopeless, budget, None  # all hopeless, or one capped batch holds all
+        # More realtime than one capped batch holds: batches as large as the deadlines
+        # allow (the controller's budget still bounds them) may finish more of it, or
+        # as many sooner, with room to spare for a slower batch than predicted.
+        full = lay(max_tokens=max(budget, self.controller.budget))
+        # Only while it ends before a request of a lower lane becomes overdue: aging's
+        # bound counts on the batch running then being no longer than a capped one.
+        ends = start_ms + self.controller.predict_ms(full.padded[0]) + self.settings.margin_ms
+        better = (full.on_time, -full.end_ms) > (capped.on_time, -capped.end_ms)
+        if better and ends <= aged_ms:
+            return full.hopeless, full.padded[0], full.batches[0]
+        return capped.hopeless, budget, None
+
+    def _decide(self, now_ms: int, engine_free_ms: float | None = None) -> _Decision[T]:
+        s = self.settings
+        # The batch planned now starts once those in the engine end: its predictions
+        # count from then.
+        start = float(now_ms) if engine_free_ms is None else max(float(now_ms), engine_free_ms)
         # Triggers look one full batch ahead (not a shrunk one): aged and urgent
         # requests that collide then still make it within a batch or two.
         lead = self.controller.predict_ms(self.controller.budget) + s.margin_ms
@@ -305,22 +357,26 @@ class Scheduler(Generic[T]):
                         bound = aged_ms
                 level = ON_TIME if bound - lead > now_ms else DUE if now_ms <= bound else LATE
                 urgency[id(e)] = level
+        budget = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
+        top = self.lanes[0]
+        doomed, budget, first = self._triage(heads[top], start, budget, aged_ms=aged)
         draft = assemble(
             self.queues,
             self.shapes,
-            budget=self._budget_now(now_ms, due_waiting=DUE in urgency.values()),
+            budget=budget,
             max_items=s.max_items,
             realtime_share=s.realtime_share,
             urgency=urgency,
-            heads=heads,
+            heads=heads if first is None else {**heads, top: first},
         )
         # Expiring requests that would miss their deadline even if they ran in
         # this batch (the batch that would run now, or they alone if longer). Heads
         # are in deadline order: past a deadline no request of any length misses,
         # none further on does.
         predict = self.controller.predict_ms
-        safe = now_ms + predict(max(draft.padded, self.shapes.seq_buckets[-1]))
-        hopeless = []
+        safe = start + predict(max(draft.padded, self.shapes.seq_buckets[-1]))
+        hopeless = doomed
+        gone = {id(e) for e in doomed}
         for lane in self.lanes:
             if lane not in self.expire_lanes:
                 continue
@@ -328,7 +384,7 @@ class Scheduler(Generic[T]):
                 if e.deadline_ms >= safe:
                     break
                 alone = self.shapes.seq_len(e.bucket)
-                if now_ms + predict(max(draft.padded, alone)) > e.deadline_ms:
+                if start + predict(max(draft.padded, alone)) > e.deadline_ms and id(e) not in gone:
                     hopeless.append(e)
         candidates = [
             (min(h[0].deadline_ms for h in heads.values() if h) - lead, "deadline"),

@@ -270,7 +270,8 @@ class Runtime:
         while True:
             now = self._clock_ms()
             self._wake.clear()
-            plan = self.scheduler.next_batch(now)
+            # Batches still in the engine run first: the scheduler counts from their end.
+            plan = self.scheduler.next_batch(now, engine_free_ms=self._engine_free_ms)
             if plan is not None:
                 self.gates.apply()
                 for item in plan.expired:
@@ -288,7 +289,7 @@ class Runtime:
                 if plan.items:
                     return plan
                 continue
-            wait = self.scheduler.wait_ms(now)
+            wait = self.scheduler.wait_ms(now, engine_free_ms=self._engine_free_ms)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
 

@@ -1,0 +1,141 @@
+"""Realtime beyond capacity, on a fake clock: as many deadlines met as the model allows,
+the rest expired at once, never after their deadline (issue 31)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.scheduling import drive, item, scheduler
+
+from pipeline.scheduling import Item, Plan
+from pipeline.scheduling.triage import triage
+
+#: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
+BUCKETS = "8,16,32"
+
+
+def _most_on_time(n: int, deadline: int, *, overhead: float, per_row: float, rows: int) -> int:
+    """The most of ``n`` equal requests, all there at 0, that one engine finishes by
+    ``deadline`` in batches of at most ``rows``: the fewer batches the better, so
+    the largest r with ceil(r / rows) x overhead + r x per_row <= deadline."""
+    return max(
+        (r for r in range(n + 1) if math.ceil(r / rows) * overhead + r * per_row <= deadline),
+        default=0,
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    rows=st.integers(1, 32),
+    overhead=st.integers(1, 30),
+    cost=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+    deadline=st.integers(1, 400),
+    data=st.data(),
+)
+def test_exactly_as_many_as_can_finish_are_planned_on_time_the_rest_expire_at_once(
+    rows: int, overhead: int, cost: float, deadline: int, data: st.DataObject
+) -> None:
+    n = data.draw(st.integers(1, 4 * rows))  # all of them in the scheduler's view
+    # Integer costs, and a latency model that keeps the newest batch alone (alpha 1):
+    # it stays exact, so no rounding tips a comparison on a deadline.
+    fixed = float(overhead)
+    sched = scheduler(
+        seq_buckets=BUCKETS, max_items=rows, token_budget=8 * rows, token_budget_min=8,
+        policy="fixed", window_ms=0, margin_ms=0, latency_overhead_ms=fixed,
+        latency_ms_per_token=cost, latency_alpha=1.0,
+    )  # fmt: skip
+    burst = [item(k, "realtime", tokens=8, at=0, deadline=deadline) for k in range(n)]
+
+    def engine(plan: Plan[int]) -> float:
+        return fixed + cost * plan.padded_tokens
+
+    run = drive(sched, burst, engine)
+
+    k = _most_on_time(n, deadline, overhead=fixed, per_row=8 * cost, rows=rows)
+    on_time = [
+        it for now, p in run for it in p.items if now + math.ceil(engine(p)) <= it.deadline_ms
+    ]
+    late = [it for now, p in run for it in p.items if now + math.ceil(engine(p)) > it.deadline_ms]
+    expired = [(now, it) for now, p in run for it in p.expired]
+    assert len(on_time) == min(n, k) and not late
+    assert len(expired) == n - len(on_time)
+    assert all(now == 0 for now, _ in expired)  # at once, long before the deadline
+
+
+def test_a_burst_that_fits_one_batch_at_the_best_rate_runs_in_it() -> None:
+    # The issue's case, on its numbers: short realtime texts all made at once, 176 ms
+    # left of the 200 ms deadline, ~45 ms for a batch of 8 (the flow cap's size), and
+    # 30 of them take ~130 ms in one batch. Batches of the capped size finished four
+    # batches' worth and expired the rest at their deadline.
+    burst = [item(k, "realtime", tokens=10, at=0, deadline=176) for k in range(30)]
+
+    def cpu(plan: Plan[int]) -> float:
+        return 12 + 0.33 * plan.padded_tokens
+
+    sched = scheduler(latency_ms_per_token=0.33)
+    run = drive(sched, burst, cpu)
+    assert [len(p.items) for _, p in run] == [30]
+    now, plan = run[0]
+    assert not plan.expired and now + cpu(plan) <= 176
+
+
+def test_what_cannot_make_it_is_expired_before_its_deadline_the_rest_run() -> None:
+    # 60 short realtime requests with 120 ms left: one batch of 32 rows (the CPU's
+    # max_items, 16-token bucket) takes 12 + 0.2 x 512 = 114.4 ms; a second batch could
+    # not start before then and would end past 120: 28 expire at once, not at 120 ms.
+    burst = [item(k, "realtime", tokens=6, at=0, deadline=120) for k in range(60)]
+    sched = scheduler(max_items=32)
+    run = drive(sched, burst)
+    expired = [(now, it) for now, p in run for it in p.expired]
+    ran = [it for _, p in run for it in p.items]
+    assert len(ran) == 32 and len(expired) == 28
+    assert {now for now, _ in expired} == {0}
+
+
+def test_a_batch_planned_while_the_engine_is_busy_counts_from_its_end() -> None:
+    # The engine holds batches until 150 ms: a request due at 160 cannot finish (a batch
+    # of one takes 12 + 0.2 x 16 ms from 150), one due at 190 can, and is planned to.
+    sched = scheduler()
+    sched.offer(item(1, "realtime", at=100, deadline=160))
+    sched.offer(item(2, "realtime", at=100, deadline=190))
+    assert sched.wait_ms(100, engine_free_ms=150.0) == 0
+    plan = sched.next_batch(100, engine_free_ms=150.0)
+    assert plan is not None
+    assert [it.payload for it in plan.expired] == [1]
+    assert [it.payload for it in plan.items] == [2]
+    assert 150 + plan.predicted_ms <= 190
+    # An idle engine (no engine_free_ms) runs both.
+    idle = scheduler()
+    idle.offer(item(1, "realtime", at=100, deadline=160))
+    idle.offer(item(2, "realtime", at=100, deadline=190))
+    plan = idle.next_batch(110)
+    assert plan is not None and not plan.expired and len(plan.items) == 2
+
+
+def test_aged_requests_keep_their_bound_beside_a_realtime_burst() -> None:
+    # Standard requests about to age (1 s) when a realtime burst larger than capacity
+    # arrives: the large realtime batch is not planned across the moment they age.
+    standard = [item(k, "standard", at=0, tokens=20) for k in range(6)]
+    burst = [item(100 + k, "realtime", tokens=6, at=900) for k in range(80)]
+    sched = scheduler()
+    run = drive(sched, standard + burst)
+    waits = [now - it.arrived_ms for now, p in run for it in p.items if it.lane == "standard"]
+    assert len(waits) == 6 and max(waits) <= 1000
+
+
+def test_the_layout_finishes_short_texts_first_when_a_long_one_would_pad_them() -> None:
+    # Ten 8-token texts and one 200-token text, all due at 60 ms: padded to 256, the
+    # batch could not hold more than one; capped at 8 tokens it holds the ten.
+    sched = scheduler(seq_buckets="8,256")
+    for k, tokens in enumerate([8] * 3 + [200] + [8] * 7):
+        it = Item(payload=k, lane="realtime", deadline_ms=60, arrived_ms=0, tokens=tokens)
+        assert sched.offer(it)
+    entries = sched.queues.entries("realtime")
+    lay = triage(
+        entries, sched.shapes, start_ms=0, predict_ms=sched.controller.predict_ms,
+        max_items=32, max_tokens=4096, margin_ms=5,
+    )  # fmt: skip
+    assert [len(b) for b in lay.batches] == [10]
+    assert [e.item.tokens for e in lay.hopeless] == [200]
