@@ -50,7 +50,14 @@ class BatchTokenizer:
         self._fields = [(name, attr) for name, attr in _FIELDS if name in names]
 
     def __call__(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        encodings = self._backend.encode_batch(texts)
+        return self.tensors(self.encode(texts))
+
+    def encode(self, texts: list[str]) -> list[Any]:
+        """The backend's encodings (Rust; the interpreter lock is free meanwhile)."""
+        return list(self._backend.encode_batch(texts))
+
+    def tensors(self, encodings: list[Any]) -> dict[str, torch.Tensor]:
+        """The model's int64 input tensors of ``encodings`` (Python: holds the lock)."""
         return {
             name: torch.from_numpy(np.array([getattr(e, attr) for e in encodings], np.int64))
             for name, attr in self._fields

@@ -87,6 +87,12 @@ class Model:
         self.max_length = max_length
         self._tokenizer = tokenizer
         self._tokenizer_lock = threading.Lock()
+        #: The model's Python side, one thread at a time: a forward's launch sequence
+        #: (a few hundred torch calls, each dropping and re-taking the interpreter
+        #: lock) never interleaves with the Python part of preparing the next batch,
+        #: so neither waits for the interpreter lock at each of the other's calls.
+        #: The tokenizer's Rust work and the device's own time stay outside it.
+        self.launch_lock = threading.Lock()
         self._batch_tokenizer = BatchTokenizer.of(tokenizer, max_length)
         self._network = network
         self._fail_on = re.compile(fail_on) if fail_on else None
@@ -139,30 +145,35 @@ class Model:
         tensors are copied to the device from pinned memory on a side stream,
         so this may run on another thread while ``forward`` computes.
         """
+        fast = self._batch_tokenizer is not None and bool(texts)
         with self._tokenizer_lock:
-            if self._batch_tokenizer is not None and texts:
-                tensors = self._batch_tokenizer(list(texts))
+            encodings = self._batch_tokenizer.encode(list(texts)) if fast else None  # type: ignore[union-attr]
+        with self.launch_lock:
+            if encodings is not None:
+                tensors = self._batch_tokenizer.tensors(encodings)  # type: ignore[union-attr]
             else:
-                batch = self._tokenizer(
-                    list(texts),
-                    padding="longest",
-                    truncation=True,
-                    max_length=self.max_length,
-                    return_tensors="pt",
-                )
+                with self._tokenizer_lock:
+                    batch = self._tokenizer(
+                        list(texts),
+                        padding="longest",
+                        truncation=True,
+                        max_length=self.max_length,
+                        return_tensors="pt",
+                    )
                 tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        n_tokens = int(tensors["attention_mask"].sum().item())
-        if self.padding != "longest":
-            tensors = self._pad(tensors, pad_to, rows if self.padding == "shape" else None)
-        padded = int(tensors["attention_mask"].numel())
-        ready = None
-        if self._copy_stream is not None:
-            with torch.cuda.stream(self._copy_stream):
-                tensors = {
-                    k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()
-                }
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ready.record(self._copy_stream)
+            n_tokens = int(tensors["attention_mask"].sum().item())
+            if self.padding != "longest":
+                tensors = self._pad(tensors, pad_to, rows if self.padding == "shape" else None)
+            padded = int(tensors["attention_mask"].numel())
+            ready = None
+            if self._copy_stream is not None:
+                with torch.cuda.stream(self._copy_stream):
+                    tensors = {
+                        k: v.pin_memory().to(self.device, non_blocking=True)
+                        for k, v in tensors.items()
+                    }
+                ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                ready.record(self._copy_stream)
         return Encoded(list(texts), tensors, n_tokens, padded, ready)
 
     def _pad(
@@ -192,20 +203,22 @@ class Model:
             for text in enc.texts:
                 if self._fail_on.search(text):
                     raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
-        if enc.ready is not None:  # copied on the side stream: wait for it, keep the memory
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(enc.ready)
-            for tensor in enc.tensors.values():
-                tensor.record_stream(stream)
         t0 = time.perf_counter()
-        inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
         n = len(enc.texts)  # padding rows, if any, come after the texts
-        with torch.inference_mode():
+        with self.launch_lock, torch.inference_mode():
+            if enc.ready is not None:  # copied on the side stream: wait for it, keep the memory
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(enc.ready)
+                for tensor in enc.tensors.values():
+                    tensor.record_stream(stream)
+            inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
             output = self._network(**inputs)
             if self.task == "embed":
-                preds = self._embed(output.last_hidden_state[:n], inputs["attention_mask"][:n])
+                normed = self._pool(output.last_hidden_state[:n], inputs["attention_mask"][:n])
             else:
-                preds = self._classify(output.logits[:n])
+                top = self._top(output.logits[:n])
+        # The copy back, once per batch, waits for the device: outside the launch lock.
+        preds = self._embeddings(normed) if self.task == "embed" else self._labelled(top)
         assert len(preds) == len(enc.texts), "one prediction per text"
         self.timing.add(time.perf_counter() - t0, None)
         return preds
@@ -215,17 +228,26 @@ class Model:
         return self.forward(self.tokenize(texts))
 
     @staticmethod
-    def _embed(hidden: torch.Tensor, mask: torch.Tensor) -> list[Prediction]:
+    def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean pooling over the mask, then L2 normalisation (on the device)."""
         weights = mask.unsqueeze(-1).to(torch.float32)
         summed = (hidden.to(torch.float32) * weights).sum(dim=1)
         pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
-        normed = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+    @staticmethod
+    def _top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top probability and its index per row (on the device)."""
+        top, index = torch.softmax(logits.to(torch.float32), dim=-1).max(dim=-1)
+        return top, index
+
+    @staticmethod
+    def _embeddings(normed: torch.Tensor) -> list[Prediction]:
         rows = np.ascontiguousarray(normed.cpu().numpy(), dtype="<f4")  # one copy back
         return [Prediction(embedding=row.tobytes()) for row in rows]
 
-    def _classify(self, logits: torch.Tensor) -> list[Prediction]:
-        probs = torch.softmax(logits.to(torch.float32), dim=-1)
-        top, index = probs.max(dim=-1)
+    def _labelled(self, head: tuple[torch.Tensor, torch.Tensor]) -> list[Prediction]:
+        top, index = head
         return [
             Prediction(label=self._labels.get(i, f"LABEL_{i}"), score=s)
             for s, i in zip(top.cpu().tolist(), index.cpu().tolist(), strict=True)

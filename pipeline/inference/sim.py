@@ -109,9 +109,11 @@ class SimModel(Model):
                     raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
         p, n = self.profile, len(enc.texts)
         t0 = time.perf_counter()
-        for _ in range(p.launches):
-            self._launch()
-        launch_s = time.perf_counter() - t0
+        with self.launch_lock:  # as Model.forward: see Model.launch_lock
+            start = time.perf_counter()
+            for _ in range(p.launches):
+                self._launch()
+            launch_s = time.perf_counter() - start
         self.sim_device.run(p.fixed_ms / 1e3 + p.per_token_ns * enc.padded_tokens / 1e9)
         if self._rows.shape[0] < n:
             self._rows = np.zeros((max(n, 2 * self._rows.shape[0]), p.dim), np.float32)
