@@ -42,7 +42,11 @@ class SchedulerSettings:
     max_wait_ms_bulk: int = _field(
         5000, "a bulk request waits at most this long for higher lanes (aging)"
     )
-    queue_size: int = _field(512, "bound of each lane's queue; a full lane's topic is paused")
+    queue_size: int = _field(
+        0,
+        "bound of each lane's queue; a full lane's topic is paused; 0: auto, "
+        "max(512, 4 x max_items), so a queue holds several of the largest batches",
+    )
     resume_fraction: float = _field(
         0.5, "a paused lane resumes once its queue is down to this fraction of queue_size"
     )
@@ -96,10 +100,10 @@ class SchedulerSettings:
             problems.append("realtime_share must be in [0, 1)")
         if not 1 <= self.token_budget_min <= self.token_budget <= self.token_budget_max:
             problems.append("need 1 <= token_budget_min <= token_budget <= token_budget_max")
-        if min(self.queue_size, self.slow_batches, self.recover_batches) < 1:
-            problems.append("queue_size, slow_batches and recover_batches must be at least 1")
-        if self.max_items < 0:
-            problems.append("max_items must be at least 0 (0: auto)")
+        if min(self.slow_batches, self.recover_batches) < 1:
+            problems.append("slow_batches and recover_batches must be at least 1")
+        if min(self.max_items, self.queue_size) < 0:
+            problems.append("max_items and queue_size must be at least 0 (0: auto)")
         if not 0.0 <= self.resume_fraction < 1.0:
             problems.append("resume_fraction must be in [0, 1)")
         if self.policy not in {"seed", "aimd", "fixed"}:
@@ -120,12 +124,14 @@ class SchedulerSettings:
             raise ConfigurationError("PIPELINE_SCHEDULER_*: " + "; ".join(problems))
 
     def for_device(self, accelerated: bool) -> SchedulerSettings:
-        """These settings with ``max_items`` resolved: as set, or when 0 (auto)
-        :data:`ACCELERATOR_MAX_ITEMS` on an accelerator, :data:`CPU_MAX_ITEMS` else."""
-        if self.max_items:
+        """These settings with ``max_items`` and ``queue_size`` resolved: as set, or when
+        0 (auto) :data:`ACCELERATOR_MAX_ITEMS` rows on an accelerator and
+        :data:`CPU_MAX_ITEMS` on a CPU, and a queue of max(512, 4 x max_items)."""
+        items = self.max_items or (ACCELERATOR_MAX_ITEMS if accelerated else CPU_MAX_ITEMS)
+        queue = self.queue_size or max(512, 4 * items)
+        if (items, queue) == (self.max_items, self.queue_size):
             return self
-        items = ACCELERATOR_MAX_ITEMS if accelerated else CPU_MAX_ITEMS
-        return dataclasses.replace(self, max_items=items)
+        return dataclasses.replace(self, max_items=items, queue_size=queue)
 
     @property
     def buckets(self) -> tuple[int, ...]:
