@@ -98,6 +98,7 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
     lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}
     holder = _RuntimeHolder(app, s, table, lane_of_topic, answer_headers)
     app.rebalance_hooks.append(holder.on_rebalance_start)
+    app.stop_hooks.append(holder.on_stopping)
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
     for topic in lane_topics.values():
         app.topics.add(topic)  # subscribed (and acked) through Faust; read by the lane reader
@@ -173,6 +174,16 @@ class _App(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rebalance_hooks: list[Callable[[], None]] = []
+        self.stop_hooks: list[Callable[[], None]] = []
+
+    async def on_stop(self) -> None:
+        """The worker stops (SIGTERM): the hooks give up what the model has not
+        started, as at a rebalance, before Faust waits for every record taken
+        (``wait_empty``): the stop then waits for the running batches and their
+        answers only, not for a queued backlog (read again after a restart)."""
+        for hook in self.stop_hooks:
+            hook()
+        await super().on_stop()
 
     def on_rebalance_start(self) -> None:
         super().on_rebalance_start()
@@ -248,6 +259,15 @@ class _RuntimeHolder(Service):
         every one (``wait_empty``), and nothing would take them meanwhile."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._give_up_unstarted)
+
+    def on_stopping(self) -> None:
+        """The worker stops: give up unstarted work and every lane record fetched, now
+        and until the consumer has stopped."""
+        if self.runtime is not None:
+            self.runtime.give_up_unstarted()
+        dropped = self.reader.stop()
+        if dropped:
+            log.info("stopping: %d buffered lane records dropped (read again after it)", dropped)
 
     def _give_up_unstarted(self) -> None:
         if self.runtime is not None:

@@ -97,6 +97,7 @@ class LaneReader:
         self._looking_up: set[Hashable] = set()
         #: Told (offsets, explained) of each hole passed: a metric's source.
         self._on_passed = on_passed or (lambda count, explained: None)
+        self._stopping = False
 
     def _track(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -125,6 +126,9 @@ class LaneReader:
 
     def _pass(self, runtime: Runtime) -> int:
         """Take up to CHUNK records, realtime's first; return how many."""
+        if self._stopping:
+            self.give_up()  # fetched after the stop began: read again after a restart
+            return 0
         taken = 0
         for lane in LANES:
             if self.buffer.pending(lane):
@@ -184,6 +188,8 @@ class LaneReader:
         """Look for offsets passed without a record at the end of each partition with
         nothing buffered (``Continuity.at_end``): seek back for them, or pass them once
         they prove to hold none. Call about once a second."""
+        if self._stopping:
+            return  # records were dropped on purpose: nothing is to be read again
         partitions: list[Any] = self.continuity.partitions()  # Kafka (topic, partition)s
         for tp in partitions:
             if self.buffer.holds(tp):
@@ -233,6 +239,13 @@ class LaneReader:
         if not self.continuity.knows(tp):
             self.continuity.start_at(tp, start)
         self.wake()
+
+    def stop(self) -> int:
+        """The worker is stopping: drop every buffered record (as :meth:`give_up`), and
+        every record fetched from now on, so its stop waits for no record it has not
+        taken on; return how many were dropped now."""
+        self._stopping = True
+        return self.give_up()
 
     def give_up(self) -> int:
         """A rebalance starts: drop every buffered record (its offset stays uncommitted

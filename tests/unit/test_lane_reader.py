@@ -495,3 +495,29 @@ def test_offsets_passed_at_a_partitions_end_are_sought_for_then_passed() -> None
         assert rig.taken() == [(STD, 0, o) for o in (0, 1, 2, 5)]
 
     _run(body)
+
+
+def test_a_stopping_reader_drops_what_is_buffered_and_what_arrives_after() -> None:
+    """SIGTERM: the buffered records and every record fetched later are dropped (Faust
+    stops waiting for them; read again after a restart), none is taken, and the
+    offsets passed at a partition's end are left alone (those records were dropped on
+    purpose)."""
+
+    async def body(rig: _Rig) -> None:
+        rig.read()
+        tp = TP(STD, 0)
+        rig.buffer.put([request(STD, 0, o) for o in range(2)])
+        await until(lambda: len(rig.taken()) == 2, "two records")
+        held = [request(STD, 0, o) for o in range(2, 5)]
+        rig.buffer.put(held)
+        assert rig.reader.stop() == 3  # no await since the put: the reader took none
+        late = [request(STD, 0, o) for o in range(5, 7)]
+        rig.buffer.put(late)
+        await until(lambda: rig.buffer.pending() == 0, "the late records dropped")
+        assert len(rig.taken()) == 2
+        assert {r.offset for r in rig.forgotten} >= {r.offset for r in held + late}
+        rig.positions[tp] = 7
+        await rig.reader.check_ends()
+        assert rig.seeks == [] and rig.passed == []
+
+    _run(body)
