@@ -49,6 +49,7 @@ from pipeline.publish import Publisher
 from pipeline.registry import AnswerHeaders, register_answer_schemas
 from pipeline.settings import LANES, Settings
 from pipeline.stalls import StallWatch
+from pipeline.topic_limits import warn_small_topics
 from pipeline.worker.admission import LaneBounds
 from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import LaneBuffer
@@ -300,6 +301,8 @@ class _RuntimeHolder(Service):
         self.metrics.model(s.model.display_name, s.model.version, str(model.device), s.model.task)
         self.answer_producer = AnswerProducer(s, on_fatal=self._answer_path_failed)
         self.answer_producer.start()
+        # A topic that refuses the largest answer: one line saying what to set.
+        await loop.run_in_executor(None, warn_small_topics, s)
         publisher = Publisher(
             self.answer_producer.send,
             results_topic=s.topics.results_topic,
