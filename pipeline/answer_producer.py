@@ -38,6 +38,7 @@ from pipeline.settings import Settings
 __all__ = [
     "BROKER_MAX_MESSAGE_BYTES",
     "MAX_MESSAGE_BYTES",
+    "RETRIED",
     "AnswerProducer",
     "classify",
 ]
@@ -54,14 +55,22 @@ BROKER_MAX_MESSAGE_BYTES = 1_048_588
 MAX_MESSAGE_BYTES = 1_000_000
 
 #: Errors after which the record was surely not written: the input may be dead-lettered.
+#: The broker or the client refused this record itself, for good (docs/design.md,
+#: "What a failed produce means"); a retry would be refused again.
 _DEFINITE = frozenset(
     {
-        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.MSG_SIZE_TOO_LARGE,  # over the topic's max.message.bytes
         KafkaError.RECORD_LIST_TOO_LARGE,
         KafkaError.INVALID_MSG_SIZE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.INVALID_MSG,
-        KafkaError._INVALID_ARG,
+        KafkaError.INVALID_RECORD,  # the broker's record validation
+        KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE: failed its CRC at the broker
+        KafkaError.INVALID_TIMESTAMP,  # outside the topic's timestamp bounds
+        KafkaError.POLICY_VIOLATION,  # refused by a broker-side policy
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        KafkaError.TOPIC_EXCEPTION,  # not a valid topic name
+        KafkaError._INVALID_ARG,  # refused by librdkafka before it was queued
+        KafkaError._KEY_SERIALIZATION,
+        KafkaError._VALUE_SERIALIZATION,
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError._UNKNOWN_TOPIC,
@@ -69,11 +78,34 @@ _DEFINITE = frozenset(
     }
 )
 
+#: Errors librdkafka retries by itself (idempotently, within message.timeout.ms): a
+#: delivery report never carries one; past the timeout it says _MSG_TIMED_OUT, whose
+#: fate is unknown. Listed for the table and its test, not consulted.
+RETRIED = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+    }
+)
+
 _POLL_S = 0.05
 
 
 def classify(err: KafkaError, topic: str) -> PublishRejected | AnswerPathFailure:
-    """The pipeline's error for a failed delivery: definite (rejected) or not."""
+    """The pipeline's error for a failed delivery: a definite refusal of this record
+    (rejected: the input is dead-lettered and released), or of unknown fate (a
+    timeout, a fatal producer error, any error not known to be a refusal: the worker
+    stops and the input stays uncommitted)."""
     text = f"{topic}: {err.name()}: {err.str()}"
     if err.code() in _DEFINITE and not err.fatal():
         return PublishRejected(f"{text} (refused; not written)")

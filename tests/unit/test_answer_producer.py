@@ -81,3 +81,32 @@ def test_acknowledgements_reach_the_loop_in_batches(
     finally:
         consumer.close()
     assert high - low == n, "each record written once"
+
+
+def test_every_librdkafka_error_is_a_refusal_or_of_unknown_fate() -> None:
+    """Over every error code librdkafka defines: a delivery report with one of the
+    definite refusals (docs/design.md, "What a failed produce means") dead-letters
+    the input; every other code, the ones librdkafka retries by itself included
+    (they only reach a report as _MSG_TIMED_OUT), and any fatal error, stops the
+    worker with the input kept."""
+    from confluent_kafka import KafkaError
+
+    from pipeline.answer_producer import _DEFINITE, RETRIED, classify
+
+    codes = {
+        getattr(KafkaError, name)
+        for name in dir(KafkaError)
+        if name.lstrip("_").isupper() and isinstance(getattr(KafkaError, name), int)
+    }
+    assert len(codes) > 150  # the whole list, not a sample
+    assert codes.issuperset(_DEFINITE | RETRIED) and not _DEFINITE & RETRIED
+    for code in codes:
+        verdict = classify(KafkaError(code), "results")
+        expected = PublishRejected if code in _DEFINITE else AnswerPathFailure
+        assert isinstance(verdict, expected), (KafkaError(code).name(), verdict)
+        fatal = classify(KafkaError(code, fatal=True), "results")
+        assert isinstance(fatal, AnswerPathFailure), KafkaError(code).name()
+    # The one issue 30 named: a record outside the topic's timestamp bounds.
+    assert isinstance(classify(KafkaError(KafkaError.INVALID_TIMESTAMP), "r"), PublishRejected)
+    for unknown in (KafkaError._MSG_TIMED_OUT, KafkaError._FATAL, KafkaError.UNKNOWN):
+        assert isinstance(classify(KafkaError(unknown), "r"), AnswerPathFailure)
