@@ -47,7 +47,7 @@ from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_serve
 from pipeline.preflight import preflight
 from pipeline.publish import Publisher
 from pipeline.registry import AnswerHeaders, register_answer_schemas
-from pipeline.settings import LANES, Settings
+from pipeline.settings import Settings
 from pipeline.stalls import StallWatch
 from pipeline.topic_limits import warn_small_topics
 from pipeline.worker.admission import LaneBounds
@@ -85,7 +85,7 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
             value_serializer="raw",
             partitions=s.topics.partitions,
         )
-        for lane in LANES
+        for lane in s.worker.consumed_lanes()  # PIPELINE_WORKER_LANES: this fleet's lanes
     }
     table = app.Table(
         TABLE_NAME,

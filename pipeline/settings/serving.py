@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.errors import ConfigurationError
-from pipeline.settings._fields import _default_cache, _field
+from pipeline.settings._fields import LANES, _default_cache, _field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +202,13 @@ class WorkerSettings:
     lane_deadline_ms_realtime: int = _field(200, "default deadline of a realtime request")
     lane_deadline_ms_standard: int = _field(2000, "default deadline of a standard request")
     lane_deadline_ms_bulk: int = _field(60000, "default deadline of a bulk request")
+    lanes: str = _field(
+        "realtime,standard,bulk",
+        "comma-separated lanes whose topics this worker consumes: realtime for a realtime "
+        "fleet, standard,bulk for a batch fleet beside it. Each fleet needs its own "
+        "PIPELINE_WORKER_APP_ID (its consumer group, and its own dedupe table), and every "
+        "lane exactly one fleet, or its requests are answered twice or never",
+    )
     expire_lanes: str = _field(
         "realtime",
         "comma-separated lanes whose requests are dead-lettered (stage expired) instead of "
@@ -229,6 +236,18 @@ class WorkerSettings:
             )
         if self.answer_timeout_ms < 1000:
             raise ConfigurationError("PIPELINE_WORKER_ANSWER_TIMEOUT_MS must be at least 1000")
+        named = [x.strip() for x in self.lanes.split(",") if x.strip()]
+        unknown = [x for x in named if x not in LANES]
+        if unknown or not named or len(set(named)) != len(named):
+            raise ConfigurationError(
+                f"PIPELINE_WORKER_LANES={self.lanes!r}: expected one or more of "
+                f"{', '.join(LANES)}, comma-separated, each once"
+            )
+
+    def consumed_lanes(self) -> tuple[str, ...]:
+        """The lanes whose topics this worker consumes, highest first."""
+        named = {x.strip() for x in self.lanes.split(",")}
+        return tuple(lane for lane in LANES if lane in named)
 
     def lane_deadline_ms(self, lane: str) -> int:
         return int(getattr(self, f"lane_deadline_ms_{lane}"))

@@ -138,10 +138,11 @@ class LaneBuffer:
         return any(parts.get(tp) for parts in self._parts.values())
 
     def pending(self, lane: str | None = None) -> int:
-        """Records buffered (in one lane, or in all)."""
+        """Records buffered (in one lane, or in all; none in a lane whose topic this
+        worker does not consume, PIPELINE_WORKER_LANES)."""
         if lane is not None:
-            return self._records[lane]
+            return self._records.get(lane, 0)
         return sum(self._records.values())
 
     def held_bytes(self, lane: str) -> int:
-        return self._bytes[lane]
+        return self._bytes.get(lane, 0)

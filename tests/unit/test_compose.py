@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,9 @@ def test_every_pipeline_variable_in_compose_is_a_known_setting() -> None:
     checked = set()
     for name, service in _compose().items():
         env = service.get("environment") or {}
-        pipeline_env = {k: str(v) for k, v in env.items() if k.startswith("PIPELINE_")}
+        pipeline_env = {
+            k: _interpolated(str(v)) for k, v in env.items() if k.startswith("PIPELINE_")
+        }
         Settings.from_env(pipeline_env)  # raises on an unknown or invalid variable
         if pipeline_env:
             checked.add(name)
@@ -112,3 +115,34 @@ def test_prometheus_and_grafana_mount_ops_and_have_healthchecks() -> None:
         assert all(p.startswith("127.0.0.1:") for p in service["ports"])
     assert (ROOT / "ops" / "prometheus" / "prometheus.yml").is_file()
     assert (ROOT / "ops" / "grafana" / "provisioning" / "datasources").is_dir()
+
+
+def test_the_fleets_profile_splits_the_lanes_between_two_consumer_groups() -> None:
+    from pipeline.settings import LANES, Settings
+
+    services = _compose()
+    groups: list[str] = []
+    lanes: list[str] = []
+    for name in ("worker-realtime", "worker-batch"):
+        service = services[name]
+        assert service["profiles"] == ["fleets"]
+        env = service["environment"]
+        worker = Settings.from_env(
+            {k: _interpolated(str(v)) for k, v in env.items() if k.startswith("PIPELINE_")}
+        ).worker
+        groups.append(worker.app_id)
+        lanes += worker.consumed_lanes()
+    # Every lane in exactly one fleet; each fleet its own group, not the mixed worker's.
+    assert sorted(lanes) == sorted(LANES)
+    assert len(set(groups)) == 2
+    assert Settings.from_env({}).worker.app_id not in groups
+    prometheus = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "pipeline")
+    (sd,) = job["dns_sd_configs"]
+    assert {"worker-realtime", "worker-batch"} <= set(sd["names"])
+
+
+def _interpolated(value: str) -> str:
+    """``value`` as Compose passes it with nothing set in the shell: ``${NAME:-default}``
+    becomes ``default``."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)

@@ -51,13 +51,16 @@ def test_compose_file_loads_with_every_profile() -> None:
         "gpu",
         "--profile",
         "registry",
+        "--profile",
+        "fleets",
         "config",
         "--services",
     )
     assert services.returncode == 0, services.stderr
-    assert {"kafka", "topics", "worker", "worker-gpu", "schema-registry"} <= set(
-        services.stdout.split()
-    )
+    assert {
+        "kafka", "topics", "worker", "worker-gpu", "schema-registry", "worker-realtime",
+        "worker-batch",
+    } <= set(services.stdout.split())  # fmt: skip
 
 
 @needs_compose
