@@ -8,6 +8,7 @@
   (sentence-transformers' encode)
 - :mod:`.faust_floor`: the bare Faust agent of the faust-floor mode
 - :mod:`.phases`: one phase against running workers (a workload, after-idle, faust-floor)
+- :mod:`.fleets`: one fleet of mixed workers against a realtime fleet and a batch fleet
 - :mod:`.run`: phases and modes in order
 - :mod:`.goodput`: realtime goodput, on time over what the model could have finished
 - :mod:`.feed`: how well the pipeline feeds the device: F, G, U, batches against raw's

@@ -23,13 +23,13 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.bench.drive import Collector
 from pipeline.bench.stats import ProcProbe, Samples, scrape
 from pipeline.security import client_config
-from pipeline.settings import LANES, ModelSettings, Settings
+from pipeline.settings import ModelSettings, Settings
 from pipeline.supervise import WorkerProcess, free_port
 from pipeline.topics import create_topics
 
@@ -74,7 +74,9 @@ class Deployment:
     ports and its own data folder, as on a host that runs several. ``app`` is
     the Faust app they run (``pipeline.app``; the faust-floor mode runs its own).
     ``device_file``: the simulated device's file the workers share (``--device
-    sim``), whose busy counter :meth:`device_busy_s` reads.
+    sim``), whose busy counter :meth:`device_busy_s` reads. ``per_worker``: more
+    PIPELINE_* variables for each worker in turn (the ``fleets`` comparison gives
+    some workers the realtime lane and a consumer group of their own).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Deployment:
         workers: int = 1,
         app: str = "pipeline.app",
         device_file: Path | None = None,
+        per_worker: Sequence[Mapping[str, str]] = (),
     ) -> None:
         tag = uuid.uuid4().hex[:8]
         self.mode = mode
@@ -109,6 +112,7 @@ class Deployment:
                 "PIPELINE_WORKER_DATA_DIR": str(out / "work" / f"{self.name}-{i}"),
                 "PIPELINE_WORKER_WEB_PORT": str(free_port()),
                 "PIPELINE_METRICS_PORT": str(free_port()),
+                **(per_worker[i] if i < len(per_worker) else {}),
             }
             for i in range(workers)
         ]
@@ -139,8 +143,13 @@ class Deployment:
         self.probes = [ProcProbe(w.pid) for w in self.workers]
         for w in self.workers:
             w.wait_ready(max(timeout_s - (time.monotonic() - t0), 1.0))
-        if len(self.workers) > 1:
-            wait_group_settled(self.settings, len(self.workers), timeout_s=60.0)
+        groups: dict[str, list[Settings]] = {}
+        for env in self.worker_envs:
+            worker = Settings.from_env(env)
+            groups.setdefault(worker.worker.app_id, []).append(worker)
+        for members in groups.values():
+            if len(self.workers) > 1:
+                wait_group_settled(members[0], len(members), timeout_s=60.0)
         self.ready_s = time.monotonic() - t0
 
     def cpu_s(self) -> float | None:
@@ -206,7 +215,7 @@ def wait_group_settled(settings: Settings, members: int, *, timeout_s: float) ->
 
     admin = AdminClient(client_config(settings))
     group = settings.worker.app_id
-    lanes = {settings.topics.lane_topic(lane) for lane in LANES}
+    lanes = {settings.topics.lane_topic(lane) for lane in settings.worker.consumed_lanes()}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

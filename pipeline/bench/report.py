@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.feed import GIB, feed, feed_lines
+from pipeline.bench.fleets import fleet_rows
 from pipeline.bench.goodput import FORMULA, GOODPUT_PHASES, realtime_goodput
 from pipeline.bench.stats import PATH_LEGS
 
@@ -383,6 +384,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [_backlog_line(backlog), ""]
     lines += feed_lines(report)
     lines += _goodput_lines(report)
+    lines += fleet_rows(report)
     path = _path_table(report)
     if path:
         lines += [*path, ""]

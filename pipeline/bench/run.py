@@ -22,10 +22,13 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
 
 Modes run in the order raw, st, adaptive, fixed, sync, noop, faust-floor,
 floor, ``workers`` worker processes of one mode at a time, each mode stopped
-before the next starts. ``raw`` and ``st`` are the model alone (:mod:`.alone`);
-``st`` is n/a on ``--device sim``, where every worker and raw share one
-simulated device, a file of this run's own (``work/sim-device`` under
-``out``), so its busy counter holds this run's work alone. Then, when ``threads``
+before the next starts; ``fleets`` (only when asked for) last: the backlog
+phase on max(``workers``, 2) mixed workers, then on the same number split
+into a realtime fleet and a batch fleet (:mod:`.fleets`). ``raw`` and ``st``
+are the model alone (:mod:`.alone`); ``st`` is n/a on ``--device sim``, where
+every worker and raw share one simulated device, a file of this run's own
+(``work/sim-device`` under ``out``), so its busy counter holds this run's work
+alone. Then, when ``threads``
 lists settings, the thread-budget sweep (:mod:`.threads`): per setting the
 model alone (serial and pipelined) and an adaptive worker's saturation phase.
 """
@@ -42,6 +45,7 @@ from typing import Any
 
 from pipeline.bench.alone import run_raw, run_st
 from pipeline.bench.drive import floor_loop
+from pipeline.bench.fleets import run_fleets
 from pipeline.bench.modes import WORKER_MODES, Deployment, mode_env, model_settings_for
 from pipeline.bench.phases import Sampler, after_idle, backlog, faust_floor, run_phase, say
 from pipeline.bench.stats import ProcProbe
@@ -51,16 +55,18 @@ from pipeline.security import security_env
 from pipeline.settings import Settings
 from pipeline.topics import create_topics
 
-__all__ = ["MODES", "BenchConfig", "run_bench"]
+__all__ = ["DEFAULT_MODES", "MODES", "BenchConfig", "run_bench"]
 
-MODES = ("raw", "st", "adaptive", "fixed", "sync", "noop", "faust-floor", "floor")
+MODES = ("raw", "st", "adaptive", "fixed", "sync", "noop", "faust-floor", "floor", "fleets")
+#: What a run without --modes runs: all but ``fleets`` (several workers, two backlogs).
+DEFAULT_MODES = MODES[:-1]
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What ``pipeline bench`` runs (flags map one to one)."""
 
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     requests: int = 1000
     noop_requests: int = 10000
     duration_s: float = 20.0
@@ -86,6 +92,7 @@ class BenchConfig:
     idle_requests: int = 10  # noop's after-idle phase; 0: none
     idle_s: float = 3.0  # the silence before a burst and before each after-idle request
     worker_env: tuple[tuple[str, str], ...] = ()  # --set: PIPELINE_* for every pipeline worker
+    fleet_realtime_workers: int = 1  # fleets: workers of the realtime fleet (of max(workers, 2))
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
@@ -321,6 +328,8 @@ def run_bench(config: BenchConfig, settings: Settings, bootstrap: str) -> dict[s
             modes[mode] = faust_floor(config, bootstrap, settings)
         elif mode == "floor":
             modes["floor"] = _floor(config, bootstrap, settings)
+        elif mode == "fleets":
+            modes["fleets"] = run_fleets(config, bootstrap, settings, _model_env(config, settings))
     threads = []
     if config.threads:
         size = round(modes.get("raw", {}).get("phases", [{}])[0].get("best_batch_size", 8))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.bench.run import MODES, BenchConfig
+from pipeline.bench.run import DEFAULT_MODES, MODES, BenchConfig
 from pipeline.commands.options import (
     bootstrap_option,
     keep_broker_option,
@@ -73,7 +73,7 @@ def _sets(
 @bootstrap_option
 @click.option(
     "--modes",
-    default=",".join(MODES),
+    default=",".join(DEFAULT_MODES),
     show_default=True,
     callback=_modes,
     help="Comma-separated: raw (model alone, no Kafka: the workload sorted by tokens, "
@@ -81,7 +81,9 @@ def _sets(
     "and device; n/a on sim), adaptive (defaults), fixed (fixed "
     "batch and wait), sync (one request per model call), noop (pipeline with a no-op model), "
     "faust-floor (a bare Faust agent: raw bytes in, one produce per event), "
-    "floor (plain confluent-kafka consume/produce loop).",
+    "floor (plain confluent-kafka consume/produce loop), fleets (only when named: the "
+    "backlog phase on max(--workers, 2) mixed workers, then on the same split into a "
+    "realtime fleet of --fleet-realtime-workers and a batch fleet).",
 )
 @click.option("--quick", is_flag=True, help="Smoke run: small N, a few seconds per mode (CI).")
 @click.option(
@@ -177,6 +179,14 @@ def _sets(
     "folders); noop and faust-floor report events/s of all of them together.",
 )
 @click.option(
+    "--fleet-realtime-workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="fleets: workers of the realtime fleet in the split layout (the rest consume "
+    "standard and bulk).",
+)
+@click.option(
     "--burst",
     "burst_requests",
     type=click.IntRange(0),
@@ -253,6 +263,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     fixed_wait_ms: int,
     threads: tuple[str, ...],
     workers: int,
+    fleet_realtime_workers: int,
     burst_requests: int | None,
     burst_small_requests: int | None,
     backlog_requests: int | None,
@@ -288,6 +299,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --modes noop,faust-floor,floor --workers 2  # two workers per host
       pipeline bench --modes adaptive -n 100 --loads 0.8 --burst 0  # little but the backlog
       pipeline bench --modes adaptive --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5  # A/B a setting
+      pipeline bench --modes fleets --workers 2   # one fleet or two, on the backlog
     """
     from pipeline.bench import run_bench, write_report
 
@@ -304,6 +316,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         "fixed_wait_ms": fixed_wait_ms,
         "threads": threads,
         "workers": workers,
+        "fleet_realtime_workers": fleet_realtime_workers,
         "worker_env": worker_env,
     }
     if requests is not None:

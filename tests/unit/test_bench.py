@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from pipeline.bench import WORDS, WorkloadSpec, generate, markdown, percentile, summarize, targets
 from pipeline.bench.drive import send
+from pipeline.bench.fleets import split_env
 from pipeline.bench.goodput import capacity_bound, goodput
 from pipeline.bench.report import goodputs
 from pipeline.bench.stats import (
@@ -630,6 +631,7 @@ def test_help_lists_the_flags() -> None:
         "--workers",
         "--burst",
         "--burst-small",
+        "--fleet-realtime-workers",
         "--backlog",
         "--backlog-max-s",
         "--idle-requests",
@@ -725,3 +727,28 @@ def test_goodput_targets_from_raw_and_the_bursts_of_the_same_run() -> None:
     del report["modes"]["raw"]
     assert goodputs(report) == {}
     assert by_name and next(t for t in targets(report) if "goodput" in t["target"])["value"] is None
+
+
+def test_fleets_split_gives_each_fleet_its_lanes_and_group() -> None:
+    envs = split_env(3, 1, "app")
+    assert [e["PIPELINE_WORKER_LANES"] for e in envs] == ["realtime", "standard,bulk",
+                                                          "standard,bulk"]  # fmt: skip
+    assert [e["PIPELINE_WORKER_APP_ID"] for e in envs] == ["app-rt", "app-batch", "app-batch"]
+    for bad in (0, 3):  # no realtime fleet, or no batch fleet
+        with pytest.raises(ValueError, match="realtime workers"):
+            split_env(3, bad, "app")
+
+
+def test_fleets_table_sets_realtime_beside_the_bulk_drain() -> None:
+    def layout(name: str, p99: float, drain: float) -> dict[str, object]:
+        return {"phase": f"backlog-{name}", "layout": name, "workers": 2,
+                "realtime_workers": 1 if name == "split" else 2, "sent": 1600, "answered": 1600,
+                "throughput": 50.0, "backlog_requests": 1500, "drain_s": drain,
+                "drained": True, "expired": {"realtime": 0},
+                "latency_ms": {"realtime": {"p50": 40.0, "p95": 80.0, "p99": p99}}}  # fmt: skip
+
+    report = {"modes": {"fleets": {"phases": [layout("mixed", 150.0, 10.0),
+                                              layout("split", 60.0, 15.0)]}}}  # fmt: skip
+    table = markdown(report)
+    assert "| mixed | 2 | 40 / 150 | 0 | 10.0 | 150.0 |" in table
+    assert "| split | 2 (1) | 40 / 60 | 0 | 15.0 | 100.0 |" in table
