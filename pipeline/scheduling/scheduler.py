@@ -35,7 +35,8 @@ time is expired now, well before its deadline, and when batches as large as
 the controller's budget (rather than the caps below) finish more realtime
 requests in time, or as many sooner, the batch to run now is the first of
 them, unless it would still run when a request of a lower lane becomes
-overdue (aging keeps its bound). Predictions count from ``engine_free_ms``
+overdue (aging keeps its bound); ``triage`` off keeps the capped batches.
+Predictions count from ``engine_free_ms``
 when the caller passes it: a batch planned while others are still in the
 engine starts after them (issue 31: a burst of 37 short realtime texts went
 out in batches of 8 at ~160 texts/s, the rest expiring together at their
@@ -301,7 +302,7 @@ class Scheduler(Generic[T]):
         hold when the capped batches would finish too few (else ``None``: as usual).
         See the module's promise. ``aged_ms``: when the first request of a lower lane
         becomes overdue."""
-        if not realtime or self.lanes[0] not in self.expire_lanes:
+        if not realtime or self.lanes[0] not in self.expire_lanes or not self.settings.triage:
             return [], budget, None
         s = self.settings
         lay = functools.partial(

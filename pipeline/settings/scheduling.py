@@ -93,6 +93,13 @@ class SchedulerSettings:
         "plus the engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after "
         "it ended. On a CPU batches run one at a time",
     )
+    triage: bool = _field(
+        True,
+        "when more realtime is pending than one capped batch holds, lay it out batch by batch: "
+        "batches as large as their earliest deadline allows, and what none finishes in time "
+        "expired at once (off: the capped batches, and expiry only once a request would miss "
+        "in the batch that would run now)",
+    )
 
     def __post_init__(self) -> None:
         problems = []

@@ -139,3 +139,16 @@ def test_the_layout_finishes_short_texts_first_when_a_long_one_would_pad_them() 
     )  # fmt: skip
     assert [len(b) for b in lay.batches] == [10]
     assert [e.item.tokens for e in lay.hopeless] == [200]
+
+
+def test_with_triage_off_the_capped_batches_run_and_expire_at_the_deadline() -> None:
+    # The burst above, the rule switched off (PIPELINE_SCHEDULER_TRIAGE=false): the
+    # flow cap's small batches, and no request expired before a batch would miss it.
+    burst = [item(k, "realtime", tokens=10, at=0, deadline=176) for k in range(30)]
+
+    def cpu(plan: Plan[int]) -> float:
+        return 12 + 0.33 * plan.padded_tokens
+
+    run = drive(scheduler(latency_ms_per_token=0.33, triage=False), burst, cpu)
+    assert len([p for _, p in run if p.items]) > 1
+    assert max(len(p.items) for _, p in run) < 30
