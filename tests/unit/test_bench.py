@@ -586,14 +586,20 @@ def test_model_stats_and_the_model_process_among_the_children(tmp_path: Path) ->
                           "pipeline_model_lock_wait_seconds_total 1.5\n")  # fmt: skip
     assert model_stats(before, after) == {"model_forward_s": 4.0, "model_lock_wait_s": 1.0}
     assert model_stats(None, after) == {"model_forward_s": None, "model_lock_wait_s": None}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "marker"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print('up', flush=True); import time; time.sleep(30)", "marker"],
+        stdout=subprocess.PIPE,
+    )
     try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"  # it runs
         me = ProcProbe(os.getpid())
         assert child.pid in me.children()
         assert "time.sleep(30) marker" in ProcProbe(child.pid).cmdline()
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     assert ProcProbe(2**22 + 7).children() == [] and ProcProbe(2**22 + 7).cmdline() == ""
 
 
