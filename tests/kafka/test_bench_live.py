@@ -44,7 +44,7 @@ def test_quick_bench_answers_everything_and_writes_the_report(
         assert report["modes"][mode]["env"]["PIPELINE_SCHEDULER_FLOW_THRESHOLD"] == "0.3"
     assert set(report["modes"]) == {"noop", "adaptive", "faust-floor"}
     phases = {p["phase"] for p in report["modes"]["adaptive"]["phases"]}
-    assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst", "backlog"}
+    assert phases == {"saturate", "load-80", "dup-0", "dup-50", "burst", "burst-small", "backlog"}
     backlog = report["modes"]["adaptive"]["phases"][-1]
     assert backlog["phase"] == "backlog" and backlog["drained"] is True
     assert backlog["answered_by_lane"]["bulk"] == backlog["backlog_requests"] == 100
