@@ -238,19 +238,8 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
         except RuntimeError as exc:
             log.warning("model network left eager: %s", exc)
 
-    max_length = settings.max_length
-    positions = getattr(network.config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        max_length = min(max_length, positions)
-
-    name = _derive_name(settings, folder)
-    fingerprint = model_fingerprint(
-        model_id=f"{name}@{settings.version}",
-        task=settings.task,
-        max_length=max_length,
-        device_type=device.type,
-        folder=folder,
-        dtype=str(dtype).removeprefix("torch."),
+    name, max_length, fingerprint = _identity(
+        settings, folder, network.config, device.type, str(dtype).removeprefix("torch.")
     )
     return Model(
         name=name,
@@ -265,6 +254,27 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
         keys=InputKeys(fingerprint, tokenizer),
         fingerprint=fingerprint,
     )
+
+
+def _identity(
+    settings: ModelSettings, folder: Path, config: Any, device_type: str, dtype: str
+) -> tuple[str, int, str]:
+    """(name, effective max_length, fingerprint) of the model in ``folder``: the token
+    limit is the settings' capped at the config's positions."""
+    max_length = settings.max_length
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        max_length = min(max_length, positions)
+    name = _derive_name(settings, folder)
+    fingerprint = model_fingerprint(
+        model_id=f"{name}@{settings.version}",
+        task=settings.task,
+        max_length=max_length,
+        device_type=device_type,
+        folder=folder,
+        dtype=dtype,
+    )
+    return name, max_length, fingerprint
 
 
 def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Model:
@@ -283,18 +293,8 @@ def _load_sim(settings: ModelSettings, folder: Path, hint: str) -> Model:
         raise ConfigurationError(
             f"cannot load model folder {str(folder)!r}: {type(exc).__name__}: {exc}; {hint}"
         ) from exc
-    max_length = settings.max_length
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        max_length = min(max_length, positions)
-    name = _derive_name(settings, folder)
-    fingerprint = model_fingerprint(
-        model_id=f"{name}@{settings.version}",
-        task=settings.task,
-        max_length=max_length,
-        device_type="sim",
-        folder=folder,
-        dtype=f"sim-{settings.sim_profile}",
+    name, max_length, fingerprint = _identity(
+        settings, folder, config, "sim", f"sim-{settings.sim_profile}"
     )
     return SimModel(
         profile=PROFILES[settings.sim_profile],
