@@ -2,13 +2,12 @@
 
 :func:`targets` compares ratios measured within one run against the issue's
 targets; :func:`markdown` renders the per-phase table and the targets;
-:func:`write_report` writes ``bench.json``, ``bench.md``,
-``latency_vs_load.png`` and ``adaptive_timeline.png`` into a folder.
+:func:`write_report` writes ``bench.json``, ``bench.md`` and the plots of
+:mod:`.plots` into a folder.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from pipeline.bench.feed import GIB, feed, feed_lines
 from pipeline.bench.fleets import fleet_rows
 from pipeline.bench.goodput import FORMULA, GOODPUT_PHASES, realtime_goodput
+from pipeline.bench.plots import plots
 from pipeline.bench.stats import PATH_LEGS
 
 __all__ = ["goodputs", "markdown", "targets", "write_report"]
@@ -402,69 +402,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plots(report: dict[str, Any], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, data in report["modes"].items():
-        points = [
-            (p["offered_rate"], p["latency_ms"]["realtime"]["p99"], p["latency_ms"]["all"]["p99"])
-            for p in data["phases"]
-            if p.get("offered_rate") and p.get("latency_ms")
-        ]
-        points.sort()
-        if not points:
-            continue
-        xs = [x for x, _, _ in points]
-        ax.plot(xs, [r for _, r, _ in points], marker="o", label=f"{mode}: realtime p99")
-        ax.plot(xs, [a for _, _, a in points], marker="x", linestyle="--", label=f"{mode}: all p99")
-    ax.axhline(200, color="grey", linewidth=0.8, linestyle=":", label="200 ms SLA")
-    ax.set_xlabel("offered load (requests/s, open loop)")
-    ax.set_ylabel("latency p99 (ms, created → received)")
-    ax.set_yscale("log")
-    ax.set_title("Latency vs offered load")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "latency_vs_load.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-
-    rows = report["modes"].get("adaptive", {}).get("timeline", [])
-    with_gpu = any(row.get("gpu") is not None for row in rows)  # --device cuda
-    fig, axes = plt.subplots(3 if with_gpu else 2, 1, figsize=(7, 7 if with_gpu else 5),
-                             sharex=True)  # fmt: skip
-    top, bottom = axes[0], axes[1]
-    ts, sizes, budgets, gpu = [], [], [], []
-    for prev, row in itertools.pairwise(rows):
-        dn = row["batches"] - prev["batches"]
-        ts.append(row["t_s"])
-        budgets.append(row["budget"])
-        sizes.append((row["items"] - prev["items"]) / dn if dn > 0 else float("nan"))
-        reading = row.get("gpu")
-        gpu.append(100 * reading if reading is not None else float("nan"))
-    top.plot(ts, budgets, color="tab:blue")
-    top.set_ylabel("token budget")
-    bottom.plot(ts, sizes, color="tab:orange", marker=".", linestyle="none")
-    bottom.set_ylabel("mean batch size")
-    if with_gpu:
-        axes[2].plot(ts, gpu, color="tab:green")
-        axes[2].set_ylabel("GPU utilisation (%)")
-        axes[2].set_ylim(0, 105)
-    axes[-1].set_xlabel("seconds since the adaptive worker was ready")
-    top.set_title("Adaptive: budget and batch size over time")
-    fig.tight_layout()
-    path = out / "adaptive_timeline.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-    return written
-
-
 def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write the JSON, Markdown and PNG files into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -473,6 +410,6 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
     paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(report), encoding="utf-8")
-    for p in _plots(report, out):
+    for p in plots(report, out):
         paths[p.stem] = p
     return paths
