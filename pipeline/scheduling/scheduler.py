@@ -302,7 +302,7 @@ class Scheduler(Generic[T]):
         hold when the capped batches would finish too few (else ``None``: as usual).
         See the module's promise. ``aged_ms``: when the first request of a lower lane
         becomes overdue."""
-        if not realtime or self.lanes[0] not in self.expire_lanes or not self.settings.triage:
+        if not realtime or self.lanes[0] not in self.expire_lanes or self.settings.triage != "on":
             return [], budget, None
         s = self.settings
         lay = functools.partial(

@@ -93,12 +93,13 @@ class SchedulerSettings:
         "plus the engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after "
         "it ended. On a CPU batches run one at a time",
     )
-    triage: bool = _field(
-        True,
-        "when more realtime is pending than one capped batch holds, lay it out batch by batch: "
-        "batches as large as their earliest deadline allows, and what none finishes in time "
-        "expired at once (off: the capped batches, and expiry only once a request would miss "
-        "in the batch that would run now)",
+    triage: str = _field(
+        "auto",
+        "on: when more realtime is pending than one capped batch holds, lay it out batch by "
+        "batch: batches as large as their earliest deadline allows, and what none finishes in "
+        "time expired at once; off: the capped batches, and expiry only once a request would "
+        "miss in the batch that would run now; auto: on for a CPU, off on an accelerator (cuda, "
+        "sim), where it expired far more realtime under load (README, Scheduling)",
     )
 
     def __post_init__(self) -> None:
@@ -111,6 +112,10 @@ class SchedulerSettings:
             problems.append("slow_batches and recover_batches must be at least 1")
         if min(self.max_items, self.queue_size) < 0:
             problems.append("max_items and queue_size must be at least 0 (0: auto)")
+        if self.triage in ("true", "false"):  # the setting was a boolean once
+            object.__setattr__(self, "triage", "on" if self.triage == "true" else "off")
+        if self.triage not in ("auto", "on", "off"):
+            problems.append(f"triage {self.triage!r}: expected auto, on or off")
         if not 0.0 <= self.resume_fraction < 1.0:
             problems.append("resume_fraction must be in [0, 1)")
         if self.policy not in {"seed", "aimd", "fixed"}:
@@ -131,14 +136,16 @@ class SchedulerSettings:
             raise ConfigurationError("PIPELINE_SCHEDULER_*: " + "; ".join(problems))
 
     def for_device(self, accelerated: bool) -> SchedulerSettings:
-        """These settings with ``max_items`` and ``queue_size`` resolved: as set, or when
-        0 (auto) :data:`ACCELERATOR_MAX_ITEMS` rows on an accelerator and
-        :data:`CPU_MAX_ITEMS` on a CPU, and a queue of max(512, 4 x max_items)."""
+        """These settings with ``max_items``, ``queue_size`` and ``triage`` resolved: as
+        set, or when auto :data:`ACCELERATOR_MAX_ITEMS` rows on an accelerator and
+        :data:`CPU_MAX_ITEMS` on a CPU, a queue of max(512, 4 x max_items), and the
+        triage on for a CPU only."""
         items = self.max_items or (ACCELERATOR_MAX_ITEMS if accelerated else CPU_MAX_ITEMS)
         queue = self.queue_size or max(512, 4 * items)
-        if (items, queue) == (self.max_items, self.queue_size):
+        triage = self.triage if self.triage != "auto" else ("off" if accelerated else "on")
+        if (items, queue, triage) == (self.max_items, self.queue_size, self.triage):
             return self
-        return dataclasses.replace(self, max_items=items, queue_size=queue)
+        return dataclasses.replace(self, max_items=items, queue_size=queue, triage=triage)
 
     @property
     def buckets(self) -> tuple[int, ...]:

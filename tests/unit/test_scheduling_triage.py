@@ -149,6 +149,6 @@ def test_with_triage_off_the_capped_batches_run_and_expire_at_the_deadline() -> 
     def cpu(plan: Plan[int]) -> float:
         return 12 + 0.33 * plan.padded_tokens
 
-    run = drive(scheduler(latency_ms_per_token=0.33, triage=False), burst, cpu)
+    run = drive(scheduler(latency_ms_per_token=0.33, triage="off"), burst, cpu)
     assert len([p for _, p in run if p.items]) > 1
     assert max(len(p.items) for _, p in run) < 30
