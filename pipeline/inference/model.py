@@ -199,10 +199,7 @@ class Model:
         Raises :class:`InferenceError` when fault injection (``fail_on``)
         matches a text of the batch; any other error comes from torch.
         """
-        if self._fail_on is not None:
-            for text in enc.texts:
-                if self._fail_on.search(text):
-                    raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
+        self._inject_faults(enc)
         t0 = time.perf_counter()
         n = len(enc.texts)  # padding rows, if any, come after the texts
         with self.launch_lock, torch.inference_mode():
@@ -222,6 +219,13 @@ class Model:
         assert len(preds) == len(enc.texts), "one prediction per text"
         self.timing.add(time.perf_counter() - t0, None)
         return preds
+
+    def _inject_faults(self, enc: Encoded) -> None:
+        """Raise :class:`InferenceError` when ``fail_on`` matches a text of ``enc``."""
+        if self._fail_on is not None:
+            for text in enc.texts:
+                if self._fail_on.search(text):
+                    raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
 
     def predict(self, texts: list[str]) -> list[Prediction]:
         """``forward(tokenize(texts))``."""

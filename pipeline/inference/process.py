@@ -9,10 +9,11 @@ backend all give the model a process that does nothing else; so does this.
 
 :class:`RemoteModel` is what the worker's :class:`~.engine.InferenceEngine`
 runs: the same ``tokenize`` / ``forward`` as a :class:`~.model.Model`, each a
-call over its own pipe into the child (``spawn``ed, so no torch or CUDA state
-is inherited). The child tokenizes on one thread (the engine's tokenizer stage
-asks) and keeps the prepared tensors; it computes on its main thread (the
-engine's inference thread asks), and answers with float32 bytes. The worker
+call over its own pipe into the child (a fresh interpreter, ``python -m
+pipeline.inference.process``, so no torch or CUDA state is inherited). The
+child tokenizes on one thread (the engine's tokenizer stage asks) and keeps
+the prepared tensors; it computes on its main thread (the engine's inference
+thread asks), and answers with float32 bytes. The worker
 keeps what it needs per request: the dedupe keys, built from the tokenizer's
 own description, which the child sends when it is ready.
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InferenceError
 from pipeline.inference.model import Encoded, Model, Prediction
 from pipeline.inference.sim_device import SimDevice, read_busy_s
 
@@ -112,10 +111,7 @@ class SimModel(Model):
 
     def forward(self, enc: Encoded) -> list[Prediction]:
         """One prediction per text: launch, device, readback (see the module)."""
-        if self._fail_on is not None:
-            for text in enc.texts:
-                if self._fail_on.search(text):
-                    raise InferenceError("fault injection: a text matches PIPELINE_MODEL_FAIL_ON")
+        self._inject_faults(enc)
         p, n = self.profile, len(enc.texts)
         t0 = time.perf_counter()
         with self.launch_lock:  # as Model.forward: see Model.launch_lock

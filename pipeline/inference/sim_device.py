@@ -39,38 +39,40 @@ class SimDevice:
             queued = time.perf_counter() - t0
             try:
                 time.sleep(seconds)
-                busy = _COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]
-                os.pwrite(self._fd, _COUNTER.pack(busy + int(seconds * 1e9)), 0)
+                os.pwrite(self._fd, _COUNTER.pack(_busy_ns(self._fd) + int(seconds * 1e9)), 0)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return queued
 
     def busy_s(self) -> float:
         """Seconds the device was busy, all processes together, since the file was made."""
-        return float(_COUNTER.unpack(os.pread(self._fd, 8, 0).ljust(8, b"\0"))[0]) / 1e9
+        return _busy_ns(self._fd) / 1e9
 
     def utilisation(self) -> float:
         """Busy share of the device since the previous call at least 0.5 s ago (0..1)."""
         now = time.monotonic()
         if self._last is not None and now - self._last[0] < 0.5:
             return self._util  # asked after every batch: read the file twice a second
-        busy = int(self.busy_s() * 1e9)
-        if self._last is None:
-            self._last = (now, busy)
-        elif now - self._last[0] >= 0.5:
+        busy = _busy_ns(self._fd)
+        if self._last is not None:
             then, before = self._last
             self._util = min(1.0, max(0.0, (busy - before) / 1e9 / (now - then)))
-            self._last = (now, busy)
+        self._last = (now, busy)
         return self._util
 
     def close(self) -> None:
         os.close(self._fd)
 
 
+def _busy_ns(fd: int) -> int:
+    """The busy counter of the device file open at ``fd`` (0 while it is empty)."""
+    return int(_COUNTER.unpack(os.pread(fd, 8, 0).ljust(8, b"\0"))[0])
+
+
 def read_busy_s(path: Path) -> float:
     """The busy counter of the device file at ``path`` (0 when there is none yet)."""
     try:
         with path.open("rb") as f:
-            return float(_COUNTER.unpack(f.read(8).ljust(8, b"\0"))[0]) / 1e9
+            return _busy_ns(f.fileno()) / 1e9
     except FileNotFoundError:
         return 0.0
