@@ -5,7 +5,7 @@
 This is the one place that knows the order of the stages; the stages
 themselves live in their own modules and know nothing of Faust. The lane
 topics are subscribed through Faust, but their records are taken from each
-fetch in one batch (:mod:`pipeline.faust_edge`) into a lane buffer, and the
+fetch in one batch (:mod:`pipeline.kafka.faust_edge`) into a lane buffer, and the
 lane reader feeds them to the runtime, realtime first (docs/design.md,
 "Intake in batches"). Values arrive as raw bytes and are decoded by the
 runtime, so no input can make Faust ack a record before its result or dead
@@ -28,12 +28,8 @@ from typing import Any
 import faust
 from mode import Service
 
-from pipeline import faust_edge
-from pipeline.answer_producer import AnswerProducer
-from pipeline.calibrate import calibrate
-from pipeline.dedupe import TABLE_NAME, StoredResults, changelog_config
+from pipeline.codecs.registry import AnswerHeaders, register_answer_schemas
 from pipeline.errors import ConfigurationError
-from pipeline.faust_conf import app_conf
 from pipeline.inference import (
     DeviceTelemetry,
     InferenceEngine,
@@ -42,19 +38,23 @@ from pipeline.inference import (
     load_model,
     telemetry_for,
 )
-from pipeline.logs import configure_logging
-from pipeline.metrics import MetricsServer, PipelineMetrics, start_metrics_server
-from pipeline.preflight import preflight
-from pipeline.publish import Publisher
-from pipeline.registry import AnswerHeaders, register_answer_schemas
+from pipeline.kafka import faust_edge
+from pipeline.kafka.faust_conf import app_conf
+from pipeline.kafka.producer import AnswerProducer
+from pipeline.kafka.topic_limits import warn_small_topics
+from pipeline.observability.logs import configure_logging
+from pipeline.observability.metrics import MetricsServer, PipelineMetrics, start_metrics_server
+from pipeline.observability.stalls import StallWatch
+from pipeline.scheduling.calibrate import calibrate
 from pipeline.settings import Settings
-from pipeline.stalls import StallWatch
-from pipeline.topic_limits import warn_small_topics
 from pipeline.worker.admission import LaneBounds
 from pipeline.worker.continuity import Continuity
+from pipeline.worker.dedupe import TABLE_NAME, StoredResults, changelog_config
 from pipeline.worker.lane_buffer import LaneBuffer
 from pipeline.worker.lane_reader import Consumer as ReaderConsumer
 from pipeline.worker.lane_reader import LaneReader
+from pipeline.worker.preflight import preflight
+from pipeline.worker.publish import Publisher
 from pipeline.worker.runtime import Runtime, wall_ms
 from pipeline.worker.start_offsets import StartOffsets
 
@@ -373,7 +373,7 @@ class _RuntimeHolder(Service):
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""
-        from pipeline.sampling import sample_once
+        from pipeline.observability.sampling import sample_once
 
         while True:
             await asyncio.sleep(self.settings.metrics.sample_interval_s)

@@ -1,7 +1,7 @@
 """The ``pipeline`` command. Thin: each command parses flags and calls library code.
 
 This module owns the ``main`` group and ``pipeline settings``; the other
-commands live in ``pipeline.commands`` and are registered here,
+commands live in ``pipeline.tools.commands`` and are registered here,
 so the console script ``pipeline.cli:main`` sees every command.
 """
 
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import click
 
-from pipeline.commands.answers import answers_cmd
-from pipeline.commands.bench import bench
-from pipeline.commands.dashboard import dashboard_group
-from pipeline.commands.kafka import kafka_group
-from pipeline.commands.produce import produce
-from pipeline.commands.replay import replay_dlq
-from pipeline.commands.topics import topics_group
 from pipeline.errors import PipelineError
 from pipeline.settings import PREFIX, Settings, describe, suggest
+from pipeline.tools.commands.answers import answers_cmd
+from pipeline.tools.commands.bench import bench
+from pipeline.tools.commands.dashboard import dashboard_group
+from pipeline.tools.commands.kafka import kafka_group
+from pipeline.tools.commands.produce import produce
+from pipeline.tools.commands.replay import replay_dlq
+from pipeline.tools.commands.topics import topics_group
 
 __all__ = ["main"]
 

@@ -1,7 +1,7 @@
 """Shared fixtures: one real Kafka broker per test session, unique topics per test.
 
 ``kafka_bootstrap`` uses ``KAFKA_BOOTSTRAP_SERVERS`` when it is set and a broker
-answers there; otherwise it starts a :class:`pipeline.kafka_local.LocalKafka`
+answers there; otherwise it starts a :class:`pipeline.tools.kafka_local.LocalKafka`
 (the same launcher as ``pipeline kafka up``) on free loopback ports with a
 temporary data folder, and stops it when the session ends. Nothing is skipped:
 tests marked ``kafka`` always run against a real broker, and a test that needs a
@@ -32,9 +32,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from hypothesis import settings as hypothesis_settings
 from support import on_ci, require
 
-from pipeline.kafka_local import LocalKafka
-from pipeline.registry_local import LocalRegistry, RunningRegistry
 from pipeline.settings import Settings, TopicSettings
+from pipeline.tools.kafka_local import LocalKafka
+from pipeline.tools.registry_local import LocalRegistry, RunningRegistry
 
 if TYPE_CHECKING:
     from pipeline.inference.model import Model
@@ -63,9 +63,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 #: in these modules, which mix both kinds along no clean line (named by file).
 MIXED = frozenset(
     {
-        "unit/test_answer_producer.py",
-        "unit/test_cli_errors.py",
-        "unit/test_hostile_input.py",
+        "unit/kafka/test_answer_producer.py",
+        "unit/tools/test_cli_errors.py",
+        "unit/worker/test_hostile_input.py",
         "kafka/test_commands_options.py",
         "kafka/test_kafka_local.py",
         "kafka/test_security.py",

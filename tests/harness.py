@@ -11,11 +11,11 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
-from pipeline.client import Answer, read_answers
-from pipeline.security import client_config
+from pipeline.kafka.client import Answer, read_answers
+from pipeline.kafka.security import client_config
+from pipeline.kafka.topics import create_topics
 from pipeline.settings import Settings
-from pipeline.supervise import WorkerProcess, free_port
-from pipeline.topics import create_topics
+from pipeline.tools.supervise import WorkerProcess, free_port
 
 
 def _wait_for_leaders(settings: Settings, timeout_s: float = 60.0) -> None:
@@ -52,9 +52,7 @@ class Deployment:
     settings: Settings
 
     @classmethod
-    def create(
-        cls, bootstrap: str, tmp: Path, partitions: int = 3, **extra: str
-    ) -> Deployment:
+    def create(cls, bootstrap: str, tmp: Path, partitions: int = 3, **extra: str) -> Deployment:
         tag = uuid.uuid4().hex[:8]
         env = {
             "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,

@@ -28,8 +28,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from pipeline.codec import dead_letter_codec, request_codec, result_codec
-from pipeline.dedupe import content_hash
+from pipeline.codecs.avro import dead_letter_codec, request_codec, result_codec
+from pipeline.codecs.keys import content_hash
 from pipeline.errors import DecodeError
 from pipeline.settings import LANES, Settings
 
@@ -86,9 +86,7 @@ def _client(bootstrap: str, group: str | None = None) -> Iterator[Consumer]:
         consumer.close()
 
 
-def _ends(
-    consumer: Consumer, topics: Iterable[str], deadline: float
-) -> dict[tuple[str, int], int]:
+def _ends(consumer: Consumer, topics: Iterable[str], deadline: float) -> dict[tuple[str, int], int]:
     def left() -> float:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -235,7 +233,9 @@ def wait_caught_up(settings: Settings, timeout_s: float = 120.0) -> None:
 
 
 def _read(
-    consumer: Consumer, ends: dict[tuple[str, int], int], positions: dict[tuple[str, int], int],
+    consumer: Consumer,
+    ends: dict[tuple[str, int], int],
+    positions: dict[tuple[str, int], int],
     deadline: float,
 ) -> list[Any]:
     """Messages from ``positions`` up to ``ends`` (exclusive), or until ``deadline``."""
@@ -243,8 +243,10 @@ def _read(
     if not todo:
         return []
     consumer.assign(
-        [TopicPartition(t, p, positions.get((t, p), OFFSET_BEGINNING) or OFFSET_BEGINNING)
-         for t, p in todo]
+        [
+            TopicPartition(t, p, positions.get((t, p), OFFSET_BEGINNING) or OFFSET_BEGINNING)
+            for t, p in todo
+        ]
     )
     out = []
     while todo and time.monotonic() < deadline:
@@ -399,9 +401,7 @@ class Ledger:
         }
 
 
-def _wait_committed(
-    settings: Settings, upto: dict[tuple[str, int], int], deadline: float
-) -> None:
+def _wait_committed(settings: Settings, upto: dict[tuple[str, int], int], deadline: float) -> None:
     """Return once the worker's group has committed each partition up to ``upto``;
     raise :class:`LedgerError` at ``deadline``."""
     lanes = sorted({t for t, _ in upto})

@@ -9,7 +9,7 @@
 // objects before it listens (ids count from 1 in that order): a restart that
 // keeps the ids, as a registry that stores its state would. It prints the
 // address it listens on as its first line of output, then serves until it is
-// killed. Built by pipeline/registry_local.py (./run setup).
+// killed. Built by pipeline/tools/registry_local.py (./run setup).
 package main
 
 import (

@@ -6,7 +6,7 @@ how its output is formed (pooling, normalisation), the effective token limit,
 the device kind and the weights' dtype (float32 unless ``PIPELINE_MODEL_DTYPE``
 or a CUDA device says otherwise; the simulated device's profile), the
 transformers/tokenizers/torch versions that run it, and the configured
-``name@version``. Dedupe keys include it (:class:`pipeline.dedupe.InputKeys`),
+``name@version``. Dedupe keys include it (:class:`pipeline.codecs.keys.InputKeys`),
 so new weights at the same path, an upgraded model package or library,
 another task or ``max_length`` never meet a stored answer of the old ones.
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from pipeline.dedupe import InputKeys
+from pipeline.codecs.keys import InputKeys
 from pipeline.errors import ConfigurationError
 from pipeline.inference.fingerprint import model_fingerprint
 from pipeline.inference.types import TASKS, NoopModel

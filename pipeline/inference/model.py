@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.dedupe import InputKeys
+from pipeline.codecs.keys import InputKeys
 from pipeline.errors import InferenceError
 from pipeline.inference.batch_tokenizer import BatchTokenizer
 from pipeline.inference.types import (
@@ -106,7 +106,7 @@ class Model:
             self._copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         id2label = getattr(getattr(network, "config", None), "id2label", None) or {}
         self._labels: dict[int, str] = {int(k): str(v) for k, v in id2label.items()}
-        #: Dedupe key of a text (:class:`~pipeline.dedupe.InputKeys`; ``load_model`` sets
+        #: Dedupe key of a text (:class:`~pipeline.codecs.keys.InputKeys`; ``load_model`` sets
         #: one over the model's fingerprint and tokenizer; the default keys texts exactly).
         self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
 

@@ -45,7 +45,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pipeline.dedupe import InputKeys
+from pipeline.codecs.keys import InputKeys
 from pipeline.errors import ConfigurationError, InferenceError
 from pipeline.inference.types import Encoded, ForwardTiming, Prediction
 from pipeline.settings import ModelSettings
@@ -79,7 +79,7 @@ class _Ready:
 
 class _Backend:
     """The worker's handle on the tokenizer the child loaded: what
-    :class:`~pipeline.dedupe.InputKeys` reads (``backend_tokenizer``)."""
+    :class:`~pipeline.codecs.keys.InputKeys` reads (``backend_tokenizer``)."""
 
     def __init__(self, tokenizer_json: str) -> None:
         from tokenizers import Tokenizer

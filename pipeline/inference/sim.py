@@ -38,6 +38,7 @@ from pipeline.inference.sim_device import SimDevice, read_busy_s
 
 __all__ = ["PROFILES", "SimDevice", "SimModel", "SimProfile", "read_busy_s"]
 
+
 @dataclasses.dataclass(frozen=True)
 class SimProfile:
     """What one forward costs the host (see the module's phases)."""

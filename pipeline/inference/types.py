@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.dedupe import InputKeys
+from pipeline.codecs.keys import InputKeys
 
 __all__ = [
     "NOOP_EMBEDDING",

@@ -6,7 +6,7 @@ Pure: it sees numbers the caller measured, never a clock or a device.
 padded tokens``, fitted online by exponentially weighted least squares (the
 newest batch weighs ``latency_alpha``); until batches of different sizes have
 been seen it keeps the per-token cost (prior or last fitted) and fits the
-overhead alone. The worker calibrates it at start-up (``pipeline.calibrate``).
+overhead alone. The worker calibrates it at start-up (``pipeline.scheduling.calibrate``).
 
 :class:`Controller` owns the budget (padded tokens per batch). A batch is
 *slow* when it ran longer than ``latency_threshold`` x the realtime deadline

@@ -76,7 +76,7 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 @dataclasses.dataclass(frozen=True)
 class KafkaSecuritySettings:
     """How every client (worker, producer, replay, bench, admin) authenticates to the
-    brokers and checks them; ``pipeline.security`` turns it into each library's options."""
+    brokers and checks them; ``pipeline.kafka.security`` turns it into each library's options."""
 
     protocol: str = _field("PLAINTEXT", "PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL")
     sasl_mechanism: str = _field("SCRAM-SHA-512", "SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")

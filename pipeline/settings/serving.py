@@ -259,7 +259,7 @@ class WorkerSettings:
 
 @dataclasses.dataclass(frozen=True)
 class MetricsSettings:
-    """The worker's Prometheus endpoint (``pipeline.metrics``)."""
+    """The worker's Prometheus endpoint (``pipeline.observability.metrics``)."""
 
     enabled: bool = _field(True, "serve Prometheus metrics at http://HOST:PORT/metrics")
     host: str = _field("127.0.0.1", "host the metrics endpoint binds to (0.0.0.0 in containers)")
@@ -280,7 +280,7 @@ _LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
 
 @dataclasses.dataclass(frozen=True)
 class LogSettings:
-    """How the worker logs (``pipeline.logs``); payload text never appears unless
+    """How the worker logs (``pipeline.observability.logs``); payload text never appears unless
     ``PIPELINE_WORKER_LOG_PAYLOADS`` is on."""
 
     format: str = _field("text", "text (human) or json (one object per line, for collectors)")

@@ -4,7 +4,7 @@ The files, in the order a record moves through them (the record's forms on
 the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
 :class:`Work`, are in ``records.py``):
 
-- ``pipeline/faust_edge/`` (``install``): the consumer's fetch hands each
+- ``pipeline/kafka/faust_edge/`` (``install``): the consumer's fetch hands each
   fetch's lane records over at once, below Faust's streams;
 - ``lane_buffer.py``: fetched records wait per partition in offset order,
   bounded per lane (a full lane's partitions leave the fetcher);
@@ -14,7 +14,8 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
   (``continuity.py``: a hole is sought back for, a second copy passed over);
   a record in the Schema Registry's framing waits until its writer schema is
   known (``writer_schemas.py``, looked up once per id on a thread of its own);
-- ``runtime.py`` (:class:`Runtime`): ``take`` takes one record on, at once:
+- ``runtime.py`` (:class:`~pipeline.worker.runtime.Runtime`): ``take`` takes
+  one record on, at once:
 
   - ``admission.py``: counts it against its lane's bounds (records, bytes)
     and holds its offset in its partition's watermark;
@@ -22,45 +23,25 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
     (``peek_request_id`` names one too large to decode); a bad one becomes
     a dead letter;
   - ``repeats.py``, the one owner of dedupe state (the stored results of
-    ``pipeline/dedupe.py``, computations under way, results not yet
-    stored), answers a repeat whose result is known; the rest is queued
-    through its lane's gate (``gates.py``: pauses, and work parked while its
-    lane's queue is full) in ``pipeline/scheduling/``, which forms batches by
-    lane and deadline and is the only judge of expiry;
+    ``dedupe.py``, computations under way, results not yet stored), answers
+    a repeat whose result is known; the rest is queued through its lane's
+    gate (``gates.py``: pauses, and work parked while its lane's queue is
+    full) in ``pipeline/scheduling/``, which forms batches by lane and
+    deadline and is the only judge of expiry; ``guard.py`` sheds load and
+    breaks the circuit around the model;
 
 - ``compute.py``: a batch deduped again by ``repeats.py`` (a result known
   meanwhile, a twin in flight or in the same batch), through the model
   (``pipeline/inference/``, its own thread), retried, fallen back;
 - ``answers.py``: exactly one result or dead letter per input, built by
-  ``pipeline/publish.py`` and sent by ``pipeline/answer_producer.py`` (both
-  top-level: replay shares the producer's limits), awaited until the broker
-  acknowledges it, then the dedupe entry stored (``repeats.py``);
+  ``publish.py`` and sent by ``pipeline/kafka/producer.py``, awaited until
+  the broker acknowledges it, then the dedupe entry stored (``repeats.py``);
 - ``acks.py``: the release: the offset watermark hands Faust only a contiguous
   prefix of each partition's answered offsets to commit.
 
+``preflight.py`` holds the checks a worker runs before it joins its group.
 Nothing here imports Faust: ``pipeline/app.py`` wires these into a Faust
-worker through injected callables.
+worker through injected callables. Import what you need from its module
+(``pipeline.worker.runtime``, ``pipeline.worker.records``): this package
+imports nothing, so the records cost no model stack.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-from pipeline.worker.records import Incoming, Origin, Request, Work
-
-if TYPE_CHECKING:
-    from pipeline.worker.runtime import Runtime, wall_ms
-
-__all__ = ["Incoming", "Origin", "Request", "Runtime", "Work", "wall_ms"]
-
-
-def __getattr__(name: str) -> Any:
-    # Runtime and wall_ms on first use only: the runtime pulls in the model stack
-    # (torch, seconds to import), which the client and publish, importing the
-    # records from here, need not load; and the runtime imports pipeline.publish,
-    # which imports this package: an eager import here would be a cycle.
-    if name in ("Runtime", "wall_ms"):
-        from pipeline.worker import runtime
-
-        return getattr(runtime, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

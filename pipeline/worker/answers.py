@@ -18,14 +18,14 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from pipeline.codec import result_codec
+from pipeline.codecs.avro import result_codec
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
-from pipeline.guard import Guard
 from pipeline.inference import Prediction
-from pipeline.metrics import PipelineMetrics
-from pipeline.publish import Publisher, dead_letter_record, result_record
+from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import LANES, Settings
 from pipeline.worker.admission import Admission, LaneBounds
+from pipeline.worker.guard import Guard
+from pipeline.worker.publish import Publisher, dead_letter_record, result_record
 from pipeline.worker.records import Incoming, Request, Work, record_size
 from pipeline.worker.repeats import Repeats
 

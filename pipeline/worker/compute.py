@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import CircuitOpenError, InferenceError
-from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine, Prediction
-from pipeline.metrics import PipelineMetrics
-from pipeline.publish import backoff_ms
+from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
 from pipeline.worker.answers import Answer, Answers
+from pipeline.worker.guard import Guard
+from pipeline.worker.publish import backoff_ms
 from pipeline.worker.records import Work
 from pipeline.worker.repeats import Known, Repeats
 

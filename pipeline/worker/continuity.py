@@ -13,7 +13,7 @@ expected for its partition. A jump the broker's log explains is passed at once:
 offsets the consumer's fetcher walked past without a record (a transaction's
 control marker, an aborted transaction's records under ``read_committed``, a
 record compaction removed) hold nothing to answer (``explains``, injected:
-:class:`pipeline.faust_edge.PassedOffsets` in the worker); such a hole is
+:class:`pipeline.kafka.faust_edge.PassedOffsets` in the worker); such a hole is
 ``Verdict.explained``, and the reader says nothing about it above DEBUG. Any
 other record past the expected offset means records were
 skipped: the reader seeks back and reads them again. Records buffered before
@@ -40,7 +40,7 @@ to the same offset with no record :data:`SEEKS_BEFORE_ACCEPTING` times, the
 offsets are accepted as holding none, so the group can commit past them (its
 lag would read 1 forever otherwise). Faust's own seek back to the committed
 offsets after a rebalance reads dropped records again too, and
-:func:`pipeline.faust_edge.seek_to_committed_or_start` extends it to
+:func:`pipeline.kafka.faust_edge.seek_to_committed_or_start` extends it to
 partitions the group has committed nothing for.
 
 Pure: no Faust imports; the caller performs the seek.

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from pipeline.metrics import PipelineMetrics
+from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Item, Scheduler
 from pipeline.settings import LANES
 

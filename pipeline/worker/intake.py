@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.codec import HEADER_LEN, MARKER, request_codec
-from pipeline.dedupe import InputKeys, content_hash
+from pipeline.codecs.avro import HEADER_LEN, MARKER, request_codec
+from pipeline.codecs.keys import InputKeys, content_hash
 from pipeline.errors import DecodeError, ValidationError
 from pipeline.settings import ValidationSettings
 from pipeline.worker.records import MAX_REQUEST_ID_CHARS, Request
@@ -63,10 +63,10 @@ def parse(
 
     The record may be Avro single-object encoded, a JSON object, or Avro in the
     Confluent Schema Registry's framing (told apart by its first bytes,
-    :meth:`pipeline.codec.Codec.decode_any`; ``writer_of`` gives a registry
+    :meth:`pipeline.codecs.avro.Codec.decode_any`; ``writer_of`` gives a registry
     schema id's writer schema, :meth:`pipeline.worker.writer_schemas.WriterSchemas.writer`);
     all are checked by the same rules below. ``keys`` computes the dedupe key (the
-    model's :class:`~pipeline.dedupe.InputKeys`); without it texts dedupe only when equal.
+    model's :class:`~pipeline.codecs.keys.InputKeys`); without it texts dedupe only when equal.
     """
     if value is not None and len(value) > limits.max_payload_bytes:
         raise ValidationError(

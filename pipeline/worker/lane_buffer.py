@@ -1,7 +1,7 @@
 """Fetched lane records waiting for intake: per partition in offset order, bounded per lane.
 
 The consumer hands each fetch's lane records over at once
-(:func:`pipeline.faust_edge.install`); the reader (:mod:`pipeline.worker.lane_reader`)
+(:func:`pipeline.kafka.faust_edge.install`); the reader (:mod:`pipeline.worker.lane_reader`)
 takes them from here, realtime first. A lane holding more than its bound, in
 records or in bytes, has the partitions it holds records of taken out of the
 fetcher (``pause``) until it is down to half of the bound (``resume``).

@@ -1,7 +1,7 @@
 """The lane reader: fetched lane records into the runtime, realtime first, in chunks.
 
 Each fetch's lane records land in a :class:`~pipeline.worker.lane_buffer.LaneBuffer`
-in one call (``put``, from the consumer: :func:`pipeline.faust_edge.install`).
+in one call (``put``, from the consumer: :func:`pipeline.kafka.faust_edge.install`).
 The reader takes them from there up to :data:`CHUNK` records a pass, looking
 at the lanes in priority order on every pass, so a realtime record fetched
 behind thousands of bulk ones waits for one chunk, not for the bulk backlog.

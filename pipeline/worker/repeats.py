@@ -1,13 +1,13 @@
 """Repeats: the worker's one owner of dedupe state.
 
 A repeat is an input whose result is already known, or already being
-computed, under its dedupe key (:class:`~pipeline.dedupe.InputKeys`). This
+computed, under its dedupe key (:class:`~pipeline.codecs.keys.InputKeys`). This
 module holds everything the worker knows about that, and nothing else does:
 
-- the stored results (:class:`~pipeline.dedupe.StoredResults`, the RocksDB
+- the stored results (:class:`~pipeline.worker.dedupe.StoredResults`, the RocksDB
   table), read by :meth:`Repeats.recall` and written by
   :meth:`Repeats.remember`;
-- the computations under way (:class:`~pipeline.dedupe.SingleFlight`):
+- the computations under way (:class:`~pipeline.worker.dedupe.SingleFlight`):
   :meth:`Repeats.lead` picks one leader per key from a batch, and a later
   twin joins the running computation;
 - the results computed and published but not yet stored (``settled``): a
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.dedupe import SingleFlight, StoredResults
 from pipeline.inference import Prediction
+from pipeline.worker.dedupe import SingleFlight, StoredResults
 from pipeline.worker.records import Work
 
 __all__ = ["RECENT", "Known", "Repeats", "StoreFn"]

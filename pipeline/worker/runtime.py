@@ -31,18 +31,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.dedupe import InputKeys, StoredResults
+from pipeline.codecs.keys import InputKeys
 from pipeline.errors import ExpiredError, PermanentError
-from pipeline.guard import Guard
 from pipeline.inference import InferenceEngine
-from pipeline.metrics import PipelineMetrics
-from pipeline.publish import Publisher
+from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.settings import LANES, Settings
 from pipeline.worker.answers import AckFn, Answer, Answers
 from pipeline.worker.compute import Compute
+from pipeline.worker.dedupe import StoredResults
 from pipeline.worker.gates import LaneGates
+from pipeline.worker.guard import Guard
 from pipeline.worker.intake import parse
+from pipeline.worker.publish import Publisher
 from pipeline.worker.records import Incoming, Work
 from pipeline.worker.repeats import Known, Repeats, StoreFn
 from pipeline.worker.writer_schemas import WriterSchemas

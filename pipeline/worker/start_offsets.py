@@ -131,7 +131,7 @@ class StartOffsets:
         from confluent_kafka import TopicPartition as TP
         from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-        from pipeline.security import client_config
+        from pipeline.kafka.security import client_config
 
         try:
             if self._admin is None:

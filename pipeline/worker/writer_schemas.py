@@ -29,10 +29,10 @@ from typing import Any
 
 import fastavro.schema
 
-from pipeline.codec import crc64_avro, request_codec
+from pipeline.codecs.avro import crc64_avro, request_codec
+from pipeline.codecs.registry import FRAME_LEN, RegistryClient, WriterSchema
 from pipeline.errors import DecodeError, RegistryUnavailable, UnknownSchemaId
-from pipeline.metrics import PipelineMetrics
-from pipeline.registry import FRAME_LEN, RegistryClient, WriterSchema
+from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import RegistrySettings
 
 __all__ = ["MAX_UNREADABLE", "WriterSchemas"]

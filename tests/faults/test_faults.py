@@ -41,11 +41,11 @@ from ledger import (
 )
 from support import require
 
-from pipeline.client import RequestProducer
 from pipeline.errors import PipelineError
-from pipeline.kafka_local import LocalKafka
+from pipeline.kafka.client import RequestProducer
 from pipeline.settings import LANES
-from pipeline.supervise import WorkerProcess
+from pipeline.tools.kafka_local import LocalKafka
+from pipeline.tools.supervise import WorkerProcess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -366,9 +366,7 @@ def test_worker_joins_and_leaves_mid_run(
             load.stop()
             t_end = sampler.mark()
             bound = sampler.peak(t_join, t_leave) + sampler.peak(t_leave, t_end)
-            summary = check_ledger(
-                dep.settings, max_duplicates=bound, expect_inputs=load.expected
-            )
+            summary = check_ledger(dep.settings, max_duplicates=bound, expect_inputs=load.expected)
     _report("rebalance", summary, sent=load.sent, producer_errors=load.errors[:1])
 
 
@@ -415,7 +413,9 @@ def _tiny_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     require(
         done.returncode == 0,
@@ -479,7 +479,10 @@ def test_held_early_offset_survives_sigkill_and_is_never_committed_past(
     kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
     dep = _deploy(
-        kafka_bootstrap, tmp_path, tiny_dir, partitions=1,
+        kafka_bootstrap,
+        tmp_path,
+        tiny_dir,
+        partitions=1,
         PIPELINE_MODEL_FAIL_ON="held back",
         PIPELINE_RETRY_MAX_ATTEMPTS="1000",
         PIPELINE_RETRY_BACKOFF_BASE_MS="1000",
@@ -491,8 +494,9 @@ def test_held_early_offset_survives_sigkill_and_is_never_committed_past(
     with dep.worker(**FAST_GROUP) as worker, RequestProducer(dep.settings) as producer:
         for i in range(total):
             if i == held_at:
-                producer.send("this request is held back by the model", lane="bulk",
-                              request_id="held")
+                producer.send(
+                    "this request is held back by the model", lane="bulk", request_id="held"
+                )
             else:
                 producer.send(f"request {i} is a good film", lane="bulk", request_id=f"r-{i}")
         producer.flush()

@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from harness import Deployment
 
-from pipeline.client import RequestProducer
-from pipeline.security import client_config
-from pipeline.supervise import WorkerProcess, free_port
+from pipeline.kafka.client import RequestProducer
+from pipeline.kafka.security import client_config
+from pipeline.tools.supervise import WorkerProcess, free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -73,8 +73,9 @@ def test_a_result_of_unknown_fate_stops_the_worker_and_the_input_comes_back(
         PIPELINE_METRICS_PORT=str(port),
     ) as worker:
         with RequestProducer(dep.settings) as producer:
-            producer.send("a text whose answer is never acknowledged", lane="bulk",
-                          request_id="lost")
+            producer.send(
+                "a text whose answer is never acknowledged", lane="bulk", request_id="lost"
+            )
             producer.flush()
         _until("the worker took the request", lambda: _received(port) >= 1, 60)
         pid = broker.read_pid()

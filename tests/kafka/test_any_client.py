@@ -25,7 +25,7 @@ from harness import Deployment
 from support import require
 
 from pipeline.cli import main
-from pipeline.client import RequestProducer, read_answers
+from pipeline.kafka.client import RequestProducer, read_answers
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

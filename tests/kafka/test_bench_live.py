@@ -1,6 +1,6 @@
 """``pipeline bench`` on the real broker (kafka): a quick smoke run, workers side by side,
 and the producer connecting before the clock starts. No timing asserts anywhere; the
-workload generator and report math are in tests/unit/test_bench.py."""
+workload generator and report math are in tests/unit/tools/test_bench.py."""
 
 from __future__ import annotations
 
@@ -145,10 +145,10 @@ def test_workers_side_by_side_share_the_partitions_and_answer_everything(
 def test_the_bench_producer_connects_before_its_clock_starts(kafka_bootstrap: str) -> None:
     """A phase's first requests must not carry the producer's connection set-up
     (100-500 ms measured): ``connect`` does it up front, or says the broker is gone."""
-    from pipeline.client import RequestProducer
     from pipeline.errors import BrokerUnavailable
+    from pipeline.kafka.client import RequestProducer
+    from pipeline.kafka.topics import create_topics
     from pipeline.settings import Settings
-    from pipeline.topics import create_topics
 
     live = Settings.from_env(
         {"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "PIPELINE_TOPICS_PREFIX": "connect."}

@@ -1,4 +1,4 @@
-"""Helpers shared by the ``pipeline`` commands (pipeline.commands.options)."""
+"""Helpers shared by the ``pipeline`` commands (pipeline.tools.commands.options)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.commands.options import local_broker_unless
-from pipeline.kafka_local import LocalKafka
 from pipeline.settings import LocalKafkaSettings, Settings
+from pipeline.tools.commands.options import local_broker_unless
+from pipeline.tools.kafka_local import LocalKafka
 
 
 def test_a_given_bootstrap_is_used_and_no_broker_started(

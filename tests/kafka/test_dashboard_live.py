@@ -1,5 +1,5 @@
 """``pipeline dashboard record`` draws a real worker run (kafka, slow): the panels and
-rendering are in tests/unit/test_dashboard.py."""
+rendering are in tests/unit/observability/test_dashboard.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.ops import needs_prometheus
 
-from pipeline.dashboard import (
+from pipeline.observability.dashboard import (
     DEFAULT_PANELS,
     load_panels,
     render,
@@ -22,7 +22,7 @@ from pipeline.dashboard import (
 @pytest.mark.slow
 @needs_prometheus
 def test_record_draws_a_real_worker_run(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from pipeline.dashboard.record import Scenario, record
+    from pipeline.observability.dashboard.record import Scenario, record
 
     panels = load_panels(titles=DEFAULT_PANELS)
     scenario = Scenario(

@@ -19,12 +19,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from harness import Deployment
 from tiny_model import build_tiny_bert
 
-from pipeline.client import Answer, RequestProducer
-from pipeline.codec import request_codec
-from pipeline.dedupe import changelog_topic, content_hash
+from pipeline.codecs.avro import request_codec
+from pipeline.codecs.keys import content_hash
 from pipeline.inference import load_model
-from pipeline.security import client_config
-from pipeline.topics import create_topics
+from pipeline.kafka.client import Answer, RequestProducer
+from pipeline.kafka.security import client_config
+from pipeline.kafka.topics import create_topics
+from pipeline.worker.dedupe import changelog_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

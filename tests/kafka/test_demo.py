@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from support import free_ports, require
 
-from pipeline.kafka_local import LocalKafka
 from pipeline.settings import Settings
+from pipeline.tools.kafka_local import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from harness import Deployment
 
-from pipeline.client import Answer, RequestProducer, request_bytes
-from pipeline.codec import MARKER, request_codec
-from pipeline.dedupe import content_hash
+from pipeline.codecs.avro import MARKER, request_codec
+from pipeline.codecs.keys import content_hash
 from pipeline.inference import load_model
+from pipeline.kafka.client import Answer, RequestProducer, request_bytes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -56,9 +56,11 @@ def test_mixed_traffic_every_request_answered_once(kafka_bootstrap: str, tmp_pat
         # 42 distinct texts' worth of traffic, about 30 % of it duplicates
         # (exact repeats, whitespace variants, the same text on another lane).
         originals = [f"{t} #{i}" for i, t in enumerate(TEXTS * 3)][:30]
-        texts = originals + [rng.choice(originals) for _ in range(9)] + [
-            "  " + originals[0].replace(" ", "   ") + " "
-        ]
+        texts = (
+            originals
+            + [rng.choice(originals) for _ in range(9)]
+            + ["  " + originals[0].replace(" ", "   ") + " "]
+        )
         for text in texts:
             lane = rng.choice(lanes)
             rid = producer.send(text, lane=lane)
@@ -149,7 +151,10 @@ def test_failing_input_is_isolated_retried_and_dead_lettered(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     dep = Deployment.create(
-        kafka_bootstrap, tmp_path, partitions=1, PIPELINE_MODEL_FAIL_ON="poison",
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
+        PIPELINE_MODEL_FAIL_ON="poison",
         PIPELINE_SCHEDULER_WINDOW_MS="200",
     )
     with dep.worker(), RequestProducer(dep.settings) as producer:
@@ -186,8 +191,10 @@ def test_two_workers_split_partitions_and_answer_everything(
         assert not (owned[0] & owned[1])
         assert len(owned[0] | owned[1]) == 3 * 4
         with RequestProducer(dep.settings) as producer:
-            rids = {producer.send(f"{t} / {i}", lane=("realtime", "standard", "bulk")[i % 3])
-                    for i, t in enumerate(TEXTS * 4)}
+            rids = {
+                producer.send(f"{t} / {i}", lane=("realtime", "standard", "bulk")[i % 3])
+                for i, t in enumerate(TEXTS * 4)
+            }
             producer.flush()
             answers = dep.answers(expect=len(rids))
     by_rid = _by_request(answers)

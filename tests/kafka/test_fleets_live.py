@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from harness import Deployment
 
-from pipeline.client import RequestProducer
+from pipeline.kafka.client import RequestProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

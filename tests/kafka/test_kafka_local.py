@@ -1,4 +1,7 @@
-"""The local broker launcher against a real broker (pipeline.kafka_local, `pipeline kafka`)."""
+"""The local broker launcher against a real broker (`pipeline kafka`).
+
+The code under test: :mod:`pipeline.tools.kafka_local`.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ from support.kafka import read_topic
 
 from pipeline.cli import main
 from pipeline.errors import ConfigurationError
-from pipeline.kafka_local import LocalKafka
 from pipeline.settings import LocalKafkaSettings
+from pipeline.tools.kafka_local import LocalKafka
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:

@@ -1,5 +1,5 @@
 """A real worker serves /metrics after real traffic (needs the runtime wiring of
-pipeline.metrics in pipeline/worker/runtime.py and pipeline/app.py)."""
+pipeline.observability.metrics in pipeline/worker/runtime.py and pipeline/app.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.kafka import end_offsets
 from transformers import AutoTokenizer
 
-from pipeline.client import RequestProducer
 from pipeline.inference import default_model_path
-from pipeline.supervise import free_port
+from pipeline.kafka.client import RequestProducer
+from pipeline.tools.supervise import free_port
 
 pytestmark = [
     pytest.mark.kafka,
@@ -63,7 +63,7 @@ def test_worker_metrics_after_real_traffic(kafka_bootstrap: str, tmp_path: Path)
                 break
             assert time.monotonic() < deadline, "results never counted"
             time.sleep(0.5)
-        # Consumer lag (pipeline/sampling.py): once the answered inputs are committed,
+        # Consumer lag (pipeline/observability/sampling.py): once the answered inputs are committed,
         # every lane partition that got records reports a lag of 0.
         with_records = {tp for tp, end in end_offsets(kafka_bootstrap, lanes).items() if end}
         deadline = time.monotonic() + 30

@@ -52,11 +52,11 @@ from harness import Deployment
 from ledger import Kill, Ledger, answered_past_commit, check_ledger, committed, log_end
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.client import RequestProducer, request_bytes
-from pipeline.dedupe import content_hash
-from pipeline.security import client_config
+from pipeline.codecs.keys import content_hash
+from pipeline.kafka.client import RequestProducer, request_bytes
+from pipeline.kafka.security import client_config
 from pipeline.settings import LANES, Settings
-from pipeline.supervise import free_port
+from pipeline.tools.supervise import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
 

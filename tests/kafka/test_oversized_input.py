@@ -22,11 +22,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from harness import Deployment
 
-from pipeline.client import RequestProducer
-from pipeline.publish import DEAD_LETTER_VALUE_PREFIX
-from pipeline.replay import ReplayOptions, replay
-from pipeline.security import client_config
+from pipeline.kafka.client import RequestProducer
+from pipeline.kafka.security import client_config
 from pipeline.settings import Settings
+from pipeline.tools.replay import ReplayOptions, replay
+from pipeline.worker.publish import DEAD_LETTER_VALUE_PREFIX
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """A real worker whose preflight fails never joins its consumer group (kafka, slow): the
-checks themselves are in tests/unit/test_preflight.py."""
+checks themselves are in tests/unit/worker/test_preflight.py."""
 
 from __future__ import annotations
 

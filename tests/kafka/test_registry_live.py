@@ -4,7 +4,7 @@ fixture):
 
 - producers written as a registry user writes them (confluent-kafka's
   ``AvroSerializer``, nothing of this project) on the current request schema,
-  an older one and a newer one are answered; ``pipeline.client`` and ``pipeline
+  an older one and a newer one are answered; ``pipeline.kafka.client`` and ``pipeline
   produce --format registry`` send the same framing;
 - with ``PIPELINE_REGISTRY_ANSWER_FRAMING=registry`` results and dead letters
   come back in the registry's framing, their schemas under ``<topic>-value``,
@@ -36,11 +36,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from harness import Deployment
 
 from pipeline.cli import main
-from pipeline.client import RequestProducer
-from pipeline.codec import SCHEMA_DIR
-from pipeline.registry import frame_header
-from pipeline.registry_local import LocalRegistry, RunningRegistry
-from pipeline.supervise import free_port
+from pipeline.codecs.avro import SCHEMA_DIR
+from pipeline.codecs.registry import frame_header
+from pipeline.kafka.client import RequestProducer
+from pipeline.tools.registry_local import LocalRegistry, RunningRegistry
+from pipeline.tools.supervise import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -171,7 +171,9 @@ def test_registry_users_send_and_read_through_the_worker(
 
         # This project's own client and CLI, in the same framing.
         with RequestProducer(dep.settings, framing="registry") as producer:
-            rid = producer.send("sent by pipeline.client", lane="realtime", request_id="client")
+            rid = producer.send(
+                "sent by pipeline.kafka.client", lane="realtime", request_id="client"
+            )
         source = tmp_path / "lines.txt"
         source.write_text('{"text": "sent by pipeline produce", "request_id": "cli"}\n')
         sent = CliRunner().invoke(

@@ -1,6 +1,6 @@
 """``pipeline replay`` against the real broker (kafka): exactly once across a killed run,
 the attempts header chain, clear failures, and real dead letters replayed after the
-fix. The filters, plans and rate limiting are in tests/unit/test_replay.py."""
+fix. The filters, plans and rate limiting are in tests/unit/tools/test_replay.py."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from support.dead_letters import dead_letter_dict
 from support.kafka import end_offsets, read_topic
 
 from pipeline.cli import main
-from pipeline.client import RequestProducer, request_bytes
-from pipeline.codec import dead_letter_codec
+from pipeline.codecs.avro import dead_letter_codec
 from pipeline.errors import DecodeError, ExpiredError, InferenceError
-from pipeline.replay import (
+from pipeline.kafka.client import RequestProducer, request_bytes
+from pipeline.settings import Settings, TopicSettings
+from pipeline.tools.replay import (
     ALREADY_SENT,
     ATTEMPT_HEADER,
     ID_HEADER,
@@ -35,7 +36,6 @@ from pipeline.replay import (
     format_summary,
     replay,
 )
-from pipeline.settings import Settings, TopicSettings
 
 # -- against a real broker ----------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """A real worker reports the lag behind an offset it cannot commit past (kafka, slow):
-the sampling itself, with stand-ins, is in tests/unit/test_sampling.py."""
+the sampling itself, with stand-ins, is in tests/unit/observability/test_sampling.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from harness import Deployment
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.client import RequestProducer
-from pipeline.supervise import free_port
+from pipeline.kafka.client import RequestProducer
+from pipeline.tools.supervise import free_port
 
-LAG = "pipeline_consumer_lag"  # unit/test_sampling.py names it too
+LAG = "pipeline_consumer_lag"  # unit/observability/test_sampling.py names it too
 
 
 # -- a real worker -------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from harness import Deployment
 
-from pipeline.client import RequestProducer
+from pipeline.kafka.client import RequestProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -22,7 +22,9 @@ def test_realtime_sent_after_queued_bulk_is_answered_first(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     dep = Deployment.create(
-        kafka_bootstrap, tmp_path, partitions=1,
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
         # generous realtime deadline: this test is about order, not expiry
         PIPELINE_WORKER_LANE_DEADLINE_MS_REALTIME="20000",
     )
@@ -54,8 +56,11 @@ def test_burst_pauses_and_resumes_bulk_without_losing_anything(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     dep = Deployment.create(
-        kafka_bootstrap, tmp_path, partitions=1,
-        PIPELINE_SCHEDULER_QUEUE_SIZE="16", PIPELINE_BATCH_MAX_INFLIGHT="64",
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
+        PIPELINE_SCHEDULER_QUEUE_SIZE="16",
+        PIPELINE_BATCH_MAX_INFLIGHT="64",
     )
     with dep.worker() as worker, RequestProducer(dep.settings) as producer:
         rids = {producer.send(t, lane="bulk") for t in _bulk_texts(300)}
@@ -70,7 +75,9 @@ def test_burst_pauses_and_resumes_bulk_without_losing_anything(
 
 def test_overload_sheds_in_order_and_recovers(kafka_bootstrap: str, tmp_path: Path) -> None:
     dep = Deployment.create(
-        kafka_bootstrap, tmp_path, partitions=1,
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
         PIPELINE_WORKER_EXPIRE_LANES="realtime",
         PIPELINE_DEGRADE_MIN_SAMPLES="4",
         PIPELINE_DEGRADE_WINDOW_MS="3000",
@@ -86,8 +93,9 @@ def test_overload_sheds_in_order_and_recovers(kafka_bootstrap: str, tmp_path: Pa
         while _levels(worker.log())[-1:] != [3]:
             assert time.monotonic() < deadline, _shed_lines(worker.log())
             for _ in range(6):
-                producer.send("too late already", lane="realtime",
-                              deadline_ms=int(time.time() * 1000) - 1)
+                producer.send(
+                    "too late already", lane="realtime", deadline_ms=int(time.time() * 1000) - 1
+                )
                 sent += 1
             producer.flush()
             time.sleep(0.3)  # the rate of misses, not a synchronisation
@@ -120,7 +128,9 @@ def test_failing_model_opens_the_breaker_and_it_closes_after_healing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     dep = Deployment.create(
-        kafka_bootstrap, tmp_path, partitions=1,
+        kafka_bootstrap,
+        tmp_path,
+        partitions=1,
         PIPELINE_MODEL_FAIL_ON="poison",
         PIPELINE_BREAKER_FAILURES_TO_OPEN="3",
         PIPELINE_BREAKER_OPEN_MS=str(OPEN_MS),
@@ -136,14 +146,14 @@ def test_failing_model_opens_the_breaker_and_it_closes_after_healing(
             assert time.monotonic() < deadline, worker.log()[-3000:]
             time.sleep(0.1)
         opened = time.monotonic()
-        producer.send("a healthy text while the breaker is open", lane="standard",
-                      request_id="while-open")
+        producer.send(
+            "a healthy text while the breaker is open", lane="standard", request_id="while-open"
+        )
         producer.flush()
         dep.answers(expect=4)
         # The breaker's timer: past open_ms, the next batch is the half-open probe.
         time.sleep(max(0.0, opened + OPEN_MS / 1000 + 1.0 - time.monotonic()))
-        producer.send("a healthy text after the model healed", lane="standard",
-                      request_id="after")
+        producer.send("a healthy text after the model healed", lane="standard", request_id="after")
         producer.flush()
         answers = {a.record["request_id"]: a for a in dep.answers(expect=5, timeout_s=120)}
         log = worker.log()

@@ -1,4 +1,4 @@
-"""Secure connections (pipeline.security): SASL and TLS for every Kafka client.
+"""Secure connections (pipeline.kafka.security): SASL and TLS for every Kafka client.
 
 Unit tests check the options each client library gets and that secrets stay
 hidden; the kafka tests run a real broker with a SCRAM/PLAIN listener (users
@@ -22,14 +22,14 @@ from conftest import local_kafka_for
 from harness import Deployment
 from support import free_ports
 
-from pipeline.bench.drive import floor_loop
 from pipeline.cli import main
-from pipeline.client import RequestProducer, read_answers
 from pipeline.errors import AuthenticationFailed, ConfigurationError
-from pipeline.kafka_local import LocalKafka
-from pipeline.security import client_config, faust_credentials, security_env
+from pipeline.kafka.client import RequestProducer, read_answers
+from pipeline.kafka.security import client_config, faust_credentials, security_env
+from pipeline.kafka.topics import create_topics
 from pipeline.settings import LocalKafkaSettings, Secret, Settings
-from pipeline.topics import create_topics
+from pipeline.tools.bench.drive import floor_loop
+from pipeline.tools.kafka_local import LocalKafka
 
 PASSWORD = "s3cret-alice-pw"
 
@@ -205,8 +205,12 @@ def test_faust_credentials_carry_sasl_and_tls(certs: Path) -> None:
         ({"CA_FILE": __file__}, "PLAINTEXT does not use TLS"),
         ({"PROTOCOL": "SSL", "CERT_FILE": __file__}, "needs both"),
         (
-            {"PROTOCOL": "SASL_PLAINTEXT", "SASL_MECHANISM": "GSSAPI", "USERNAME": "a",
-             "PASSWORD": "b"},
+            {
+                "PROTOCOL": "SASL_PLAINTEXT",
+                "SASL_MECHANISM": "GSSAPI",
+                "USERNAME": "a",
+                "PASSWORD": "b",
+            },
             "SASL_MECHANISM='GSSAPI'",
         ),
     ],

@@ -5,7 +5,7 @@ recovery ends) calls aiokafka's ``seek_to_committed``, which moves only
 partitions with a committed offset above 0. A lane partition the group has
 committed nothing for stayed past the dropped records, and its last requests
 waited unanswered (the SIGSTOP fault test, once in four runs). The worker's
-consumer thread seeks through :func:`pipeline.faust_edge.seek_to_committed_or_start`
+consumer thread seeks through :func:`pipeline.kafka.faust_edge.seek_to_committed_or_start`
 instead; checked here on a real aiokafka consumer against the test broker.
 """
 
@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from confluent_kafka import Producer
 
-from pipeline.faust_edge import seek_to_committed_or_start
+from pipeline.kafka.faust_edge import seek_to_committed_or_start
 
 pytestmark = pytest.mark.kafka
 

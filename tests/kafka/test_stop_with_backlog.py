@@ -19,7 +19,7 @@ import pytest
 from harness import Deployment
 from ledger import Ledger, check_ledger
 
-from pipeline.client import RequestProducer
+from pipeline.kafka.client import RequestProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
 

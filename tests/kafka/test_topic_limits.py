@@ -13,9 +13,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from harness import Deployment
 
-from pipeline.answer_producer import MAX_MESSAGE_BYTES
-from pipeline.topic_limits import message_size_warnings, warn_small_topics
-from pipeline.topics import admin_client
+from pipeline.kafka.producer import MAX_MESSAGE_BYTES
+from pipeline.kafka.topic_limits import message_size_warnings, warn_small_topics
+from pipeline.kafka.topics import admin_client
 
 pytestmark = [pytest.mark.kafka]
 
@@ -30,7 +30,7 @@ def test_a_results_topic_that_refuses_the_largest_answer_is_one_line_saying_what
     entry = ConfigEntry("max.message.bytes", "500000", incremental_operation=AlterConfigOpType.SET)
     change = ConfigResource("topic", results, incremental_configs=[entry])
     admin.incremental_alter_configs([change])[change].result(30)
-    with caplog.at_level(logging.WARNING, logger="pipeline.topic_limits"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.kafka.topic_limits"):
         assert warn_small_topics(dep.settings) == 1
     (line,) = [r.getMessage() for r in caplog.records]
     assert results in line and "max.message.bytes=500000" in line

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from harness import Deployment
 
-from pipeline.client import RequestProducer, request_bytes
-from pipeline.supervise import free_port
+from pipeline.kafka.client import RequestProducer, request_bytes
+from pipeline.tools.supervise import free_port
 
 _LOOP = textwrap.dedent(
     """

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.errors import InferenceError, PipelineError
-from pipeline.publish import dead_letter_record
-from pipeline.worker import Origin
+from pipeline.worker.publish import dead_letter_record
+from pipeline.worker.records import Origin
 
 __all__ = ["dead_letter_dict"]
 
@@ -28,8 +28,9 @@ def dead_letter_dict(
     **overrides: Any,
 ) -> dict[str, Any]:
     """A DeadLetter record of the current schema, made as the worker makes one: by
-    :func:`pipeline.publish.dead_letter_record`, from an :class:`~pipeline.worker.records.Origin`
-    and a real ``error`` (``InferenceError("model raised")`` when omitted).
+    :func:`pipeline.worker.publish.dead_letter_record`, from an
+    :class:`~pipeline.worker.records.Origin` and a real
+    ``error`` (``InferenceError("model raised")`` when omitted).
 
     The keyword arguments are the record's fields. ``stage`` is the error's own stage
     unless given; ``overrides`` (``worker``, ``error_class``, ``value_length``, ...)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from pipeline.metrics import PipelineMetrics
+from pipeline.observability.metrics import PipelineMetrics
 
 __all__ = ["PROMETHEUS", "PROMTOOL", "needs_prometheus", "needs_promtool", "populated"]
 

@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.codec import result_codec
+from pipeline.codecs.avro import result_codec
 from pipeline.inference import Prediction
 from pipeline.inference.outcome import BatchOutcome, Outcome
-from pipeline.publish import Publisher
-from pipeline.worker import Incoming, Runtime
-from pipeline.worker.records import record_size
+from pipeline.worker.publish import Publisher
+from pipeline.worker.records import Incoming, record_size
+from pipeline.worker.runtime import Runtime
 
 __all__ = ["InstantBroker", "LengthEngine", "settle", "submit"]
 

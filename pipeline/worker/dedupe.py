@@ -1,0 +1,152 @@
+"""Dedupe state: stored results, and single-flight of computations.
+
+Three levels, cheapest first:
+
+1. ``batch``: the same key twice in one batch is computed once;
+2. ``inflight``: a key whose computation is already running gets its answer
+   from that computation (:class:`SingleFlight`);
+3. ``stored``: a key answered before, within the TTL, is served from the
+   RocksDB table (:class:`StoredResults`).
+
+The keys themselves are :mod:`pipeline.codecs.keys`. A stored entry is written
+only after its result was acknowledged by the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = [
+    "TABLE_NAME",
+    "SingleFlight",
+    "StoredEntry",
+    "StoredResults",
+    "changelog_config",
+    "changelog_topic",
+]
+
+log = logging.getLogger(__name__)
+
+_STORED = struct.Struct(">q")
+
+
+#: The Faust table of stored results; its changelog topic is ``{app_id}-dedupe-changelog``.
+TABLE_NAME = "dedupe"
+
+
+def changelog_topic(app_id: str) -> str:
+    """The name Faust gives the stored results' changelog topic for app ``app_id``."""
+    return f"{app_id}-{TABLE_NAME}-changelog"
+
+
+def changelog_config(ttl_s: int) -> dict[str, str]:
+    """Topic config of the dedupe table's changelog: compacted, and pruned once older
+    than the TTL (an entry that old is never served, so nothing served is lost).
+
+    Segments roll at the TTL (between a minute and a day), so a closed segment, the
+    only kind the broker deletes, exists within about TTL + one segment.
+    """
+    ttl_ms = max(1, ttl_s) * 1000
+    return {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": str(ttl_ms),
+        "segment.ms": str(min(max(ttl_ms, 60_000), 86_400_000)),
+    }
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """An encoded result and when it was stored (epoch ms)."""
+
+    stored_at_ms: int
+    result: bytes
+
+    def encode(self) -> bytes:
+        return _STORED.pack(self.stored_at_ms) + self.result
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StoredEntry | None:
+        if len(raw) <= _STORED.size:
+            return None
+        (stored_at,) = _STORED.unpack_from(raw)
+        return cls(stored_at_ms=stored_at, result=bytes(raw[_STORED.size :]))
+
+
+class StoredResults:
+    """Stored results keyed by content hash, over any mutable mapping of bytes.
+
+    In the worker the mapping is a Faust table on the ``rocksdb://`` store;
+    ``get`` ignores entries older than ``ttl_ms`` (RocksDB's own TTL only
+    removes them at compaction) and entries of another model version, which
+    the caller checks via ``accept``.
+    """
+
+    def __init__(
+        self,
+        table: MutableMapping[bytes, bytes],
+        *,
+        ttl_ms: int,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self._table = table
+        self._ttl_ms = ttl_ms
+        self._clock_ms = clock_ms
+
+    def get(self, key: str) -> bytes | None:
+        """The stored encoded result for ``key``, or None when absent or expired."""
+        try:
+            raw = self._table.get(key.encode("ascii"))
+        except Exception as exc:  # a store that cannot read is a miss, not a crash
+            log.warning(
+                "stored-result lookup failed (%s: %s); computing instead", type(exc).__name__, exc
+            )
+            return None
+        if raw is None:
+            return None
+        entry = StoredEntry.decode(raw)
+        if entry is None or self._clock_ms() - entry.stored_at_ms > self._ttl_ms:
+            return None
+        return entry.result
+
+    def put(self, key: str, result: bytes) -> None:
+        """Store ``result`` under ``key``; call only after the broker acknowledged it."""
+        entry = StoredEntry(stored_at_ms=self._clock_ms(), result=result)
+        self._table[key.encode("ascii")] = entry.encode()
+
+
+W = TypeVar("W")
+
+
+class SingleFlight(Generic[W]):
+    """At most one computation per key at a time; later requesters join it.
+
+    ``join(key, waiter)`` returns True for the first waiter of a key (the
+    leader, who must get the key computed) and False for those who join a
+    computation already under way. ``finish(key)`` removes the key and
+    returns every waiter, leader first, so each can be answered; a waiter
+    that joins after ``finish`` starts a new computation.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, list[W]] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._waiters
+
+    def join(self, key: str, waiter: W) -> bool:
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            self._waiters[key] = [waiter]
+            return True
+        waiters.append(waiter)
+        return False
+
+    def finish(self, key: str) -> list[W]:
+        return self._waiters.pop(key)

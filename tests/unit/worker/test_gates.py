@@ -1,0 +1,68 @@
+"""Lane gates (``pipeline.worker.gates``): pauses from full queues and load shedding,
+work parked while its lane's queue is full, and who is told when a lane opens.
+
+The scheduler is the real one with small queues; the shedding policy is a set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.scheduling import Controller, Item, Scheduler
+from pipeline.settings import SchedulerSettings
+from pipeline.worker.gates import LaneGates
+
+
+def _gates(queue_size: int = 2) -> tuple[LaneGates[str], set[str], list[str]]:
+    settings = dataclasses.replace(SchedulerSettings(), queue_size=queue_size)
+    scheduler: Scheduler[str] = Scheduler(
+        settings, expire_lanes=frozenset(), controller=Controller(settings, slo_ms=200)
+    )
+    shed: set[str] = set()
+    woken: list[str] = []
+    gates = LaneGates(
+        scheduler,
+        PipelineMetrics(process_collectors=False),
+        shed_lanes=lambda: shed,
+        on_room=lambda: woken.append("room"),
+    )
+    return gates, shed, woken
+
+
+def _item(name: str, lane: str, deadline_ms: int = 1000) -> Item[str]:
+    return Item(name, lane, deadline_ms, 0, 8)
+
+
+def test_a_full_queue_parks_work_closes_its_lane_and_reopens_it_in_order() -> None:
+    gates, _shed, woken = _gates(queue_size=2)
+    for name in ("b0", "b1", "b2", "b3"):
+        gates.offer(_item(name, "bulk"))
+    assert not gates.open("bulk")  # paused at its bound, with two parked
+    assert gates.open("realtime") and gates.open("standard")
+    queues = gates.scheduler.queues
+    assert [e.item.payload for e in queues.entries("bulk")] == ["b0", "b1"]
+    queues.remove(list(queues.entries("bulk")))  # a batch took them
+    gates.apply()
+    assert [e.item.payload for e in queues.entries("bulk")] == ["b2", "b3"]  # oldest first
+    assert woken, "the reader was not told that bulk has room"
+
+
+def test_load_shedding_pauses_a_lane_and_resuming_wakes_the_reader() -> None:
+    gates, shed, woken = _gates()
+    shed.add("bulk")
+    gates.apply()
+    assert not gates.open("bulk") and gates.open("standard")
+    assert woken == []
+    shed.clear()
+    gates.apply()
+    assert gates.open("bulk")
+    assert woken == ["room"]
+
+
+def test_giving_up_takes_the_parked_work_out() -> None:
+    gates, _shed, _woken = _gates(queue_size=1)
+    for name in ("s0", "s1", "s2"):
+        gates.offer(_item(name, "standard"))
+    assert gates.give_up() == ["s1", "s2"]
+    assert gates.give_up() == []
