@@ -8,13 +8,13 @@
     │   │   ├── UnknownSchemaId     Confluent framing: the registry has no schema by that id
     │   │   └── SchemaMismatch      the writer's schema cannot be read as the reader's
     │   ├── ValidationError     a record that breaks a rule (stage "validate")
-    │   └── ExpiredError        its deadline passed before it could run (stage "expired")
+    │   ├── ExpiredError        its deadline passed before it could run (stage "expired")
+    │   └── PublishRejected     its result was refused for good (too large, not authorised,
+    │                           invalid): surely not written; dead-letter it (stage "publish")
     ├── RetryableError          worth another try, with backoff, a bounded number of times
     │   ├── InferenceError      the model raised on an input (stage "infer" once out of tries)
     │   │   └── CircuitOpenError  the model's breaker is open: it was not called (stage "infer")
-    │   ├── PublishError        the broker did not acknowledge a result (stage "publish")
-    │   │   └── PublishRejected   refused for good (too large, not authorised, invalid):
-    │   │                         the record was surely not written; dead-letter the input
+    │   ├── PublishError        the broker did not acknowledge a record (stage "publish")
     │   └── RegistryUnavailable   the Schema Registry did not answer (down, slow, refusing
     │                             us): not the input's fault; its records wait, never
     │                             dead-lettered for it
@@ -25,7 +25,9 @@
         └── AuthenticationFailed  the broker refused the credentials, or TLS failed
 
 Third-party exceptions are wrapped at the edge with ``raise ... from exc`` so
-that the stages catch only these types.
+that the stages catch only these types. An error's ``stage`` is the dead-letter
+stage it maps to (:func:`stage_of`); errors that never dead-letter an input
+(configuration, the bases) have none.
 """
 
 from __future__ import annotations
@@ -48,14 +50,15 @@ __all__ = [
     "SchemaMismatch",
     "UnknownSchemaId",
     "ValidationError",
+    "stage_of",
 ]
 
 
 class PipelineError(Exception):
     """Base of every error the pipeline raises on purpose."""
 
-    #: The dead-letter stage this error maps to, where it has one.
-    stage: str = "infer"
+    #: The dead-letter stage this error maps to; None where it has none (see :func:`stage_of`).
+    stage: str | None = None
 
 
 class PermanentError(PipelineError):
@@ -118,10 +121,10 @@ class PublishError(RetryableError):
     stage = "publish"
 
 
-class PublishRejected(PublishError):
+class PublishRejected(PermanentError):
     """The producer or broker refused a record for good: it was surely not written
     (too large, topic not authorised, invalid record), so answering the input
-    with a dead letter cannot also leave a result behind."""
+    with a dead letter cannot also leave a result behind. Retrying cannot help."""
 
     stage = "publish"
 
@@ -153,3 +156,10 @@ class BrokerUnavailable(ConfigurationError):
 class AuthenticationFailed(ConfigurationError):
     """The broker refused this client's SASL credentials, or the TLS handshake
     failed; retrying cannot help, so clients raise it at once instead of timing out."""
+
+
+def stage_of(error: BaseException) -> str:
+    """The dead-letter stage of an input that failed with ``error``: the error's own,
+    else ``infer`` (an exception that escaped the model carries none)."""
+    stage = error.stage if isinstance(error, PipelineError) else None
+    return stage or "infer"

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from pipeline.codecs.avro import result_codec
-from pipeline.errors import AnswerPathFailure, PermanentError, PublishError
+from pipeline.errors import AnswerPathFailure, PermanentError, PublishRejected, stage_of
 from pipeline.inference import Prediction
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import LANES, Settings
@@ -120,7 +120,7 @@ class Answers:
                 value, sent = self.publisher.result_begin(
                     key, self._record(work, leader, prediction)
                 )
-            except PublishError as exc:  # PublishRejected: surely not written
+            except PublishRejected as exc:  # surely not written
                 begun.append((answer, b"", None, exc))
                 continue
             begun.append((answer, value, sent, None))
@@ -176,7 +176,7 @@ class Answers:
                 raise rejected
             assert acked is not None
             await acked
-        except PublishError as exc:  # PublishRejected: surely not written
+        except PublishRejected as exc:  # surely not written
             if work is leader:
                 self.repeats.forget(leader)
             await self.dead_letter(work.incoming, exc, 1, work.request.request_id)
@@ -225,7 +225,7 @@ class Answers:
         }
         try:
             await self.publisher.result(request.content_hash.encode("ascii"), record)
-        except PublishError as exc:  # PublishRejected: surely not written
+        except PublishRejected as exc:  # surely not written
             await self.dead_letter(incoming, exc, 1, request.request_id)
             return True
         await self._answered(incoming, request, "stored")
@@ -240,7 +240,7 @@ class Answers:
         worker stops (``Publisher.fail``): the input stays unreleased, its offset is
         never committed, so it is delivered again after the restart.
         """
-        stage = getattr(error, "stage", "infer")
+        stage = stage_of(error)
         origin = incoming.origin
         record = dead_letter_record(
             origin,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import InferenceError, PipelineError
+from pipeline.errors import InferenceError, stage_of
 from pipeline.worker.publish import dead_letter_record
 from pipeline.worker.records import Origin
 
@@ -39,7 +39,7 @@ def dead_letter_dict(
     if error is None:
         error = InferenceError("model raised")
     if stage is None:
-        stage = error.stage if isinstance(error, PipelineError) else "infer"
+        stage = stage_of(error)
     origin = Origin(
         original_topic, original_partition, original_offset, original_timestamp_ms, key, value
     )
