@@ -1,5 +1,6 @@
 """The ``faust.App`` options the worker is built with: how it connects, where it
-keeps its data and serves its web port, and how its consumer fetches.
+keeps its data and serves its web port, and how its consumer fetches; and the
+lane topics it declares (:func:`lane_topics`).
 
 Shared by the worker (:mod:`pipeline.app`) and the bench's bare Faust agent
 (:mod:`pipeline.tools.bench.faust_floor`), so the two connect alike and pay the same
@@ -8,12 +9,17 @@ fetch path.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from pipeline.kafka.security import faust_credentials
 from pipeline.settings import Settings
 
-__all__ = ["app_conf", "broker_url", "consumer_conf"]
+if TYPE_CHECKING:
+    import faust
+    from faust.types import TopicT
+
+__all__ = ["app_conf", "broker_url", "consumer_conf", "lane_topics"]
 
 
 def broker_url(bootstrap: str) -> str:
@@ -44,4 +50,20 @@ def consumer_conf(settings: Settings) -> dict[str, Any]:
         # One batch must stay far below this; the model never runs on the loop.
         "broker_max_poll_interval": 300.0,
         "stream_buffer_maxsize": settings.batch.stream_buffer,
+    }
+
+
+def lane_topics(app: faust.App, settings: Settings, lanes: Iterable[str]) -> dict[str, TopicT]:
+    """``{lane: topic}``: each of ``lanes``' topics declared on ``app`` as raw bytes
+    (key and value), with the lanes' shared partition count."""
+    return {
+        lane: app.topic(
+            settings.topics.lane_topic(lane),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.topics.partitions,
+        )
+        for lane in lanes
     }

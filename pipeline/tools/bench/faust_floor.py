@@ -26,7 +26,7 @@ import faust
 from confluent_kafka import Producer
 
 from pipeline.kafka import faust_edge
-from pipeline.kafka.faust_conf import app_conf
+from pipeline.kafka.faust_conf import app_conf, lane_topics
 from pipeline.kafka.security import client_config
 from pipeline.settings import LANES, Settings
 
@@ -52,15 +52,7 @@ def create_floor_app(settings: Settings) -> faust.App:
                 out.poll(0.05)
         out.poll(0)
 
-    for lane in LANES:
-        topic = app.topic(
-            s.topics.lane_topic(lane),
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=s.topics.partitions,
-        )
+    for lane, topic in lane_topics(app, s, LANES).items():
 
         async def floor(stream: Any) -> None:
             async for value in stream:
