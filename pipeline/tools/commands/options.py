@@ -75,10 +75,12 @@ keep_broker_option = click.option(
     "--keep-broker", is_flag=True, help="Leave a local broker this command started running."
 )
 seed_option = click.option("--seed", type=int, default=7, show_default=True, help="Workload seed.")
+#: 10 s, as the library's own connect timeouts (``RequestProducer``, ``create_topics``,
+#: ``ReplayOptions``) and the README say.
 connect_timeout_option = click.option(
     "--connect-timeout",
     type=click.FloatRange(0.1),
-    default=5.0,
+    default=10.0,
     show_default=True,
     help="Seconds to wait for the broker before giving up.",
 )

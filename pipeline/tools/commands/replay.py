@@ -7,7 +7,12 @@ from typing import TextIO
 import click
 
 from pipeline.settings import Settings
-from pipeline.tools.commands.options import bootstrap_option, epoch_ms, with_bootstrap
+from pipeline.tools.commands.options import (
+    bootstrap_option,
+    connect_timeout_option,
+    epoch_ms,
+    with_bootstrap,
+)
 
 __all__ = ["replay_dlq"]
 
@@ -101,13 +106,7 @@ __all__ = ["replay_dlq"]
     show_default=True,
     help="Skip inputs already replayed this many times (counted from the headers).",
 )
-@click.option(
-    "--connect-timeout",
-    type=click.FloatRange(0.1),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for the broker before giving up.",
-)
+@connect_timeout_option
 @click.pass_obj
 def replay_dlq(
     settings: Settings,
