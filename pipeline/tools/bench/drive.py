@@ -41,6 +41,7 @@ class Collector:
         self.settings = settings
         self.answers: dict[str, Answered] = {}
         self.sent: dict[str, tuple[str, float]] = {}  # rid -> (lane, send time), for dead letters
+        self.repeats: list[tuple[str, float]] = []  # (rid, receipt ms): answers after the first
         self._lock = threading.Lock()
         self._stop = threading.Event()
         topics = settings.topics
@@ -99,7 +100,10 @@ class Collector:
                 if answer is None:
                     continue
                 with self._lock:
-                    self.answers.setdefault(answer.request_id, answer)
+                    if answer.request_id in self.answers:
+                        self.repeats.append((answer.request_id, now))
+                    else:
+                        self.answers[answer.request_id] = answer
 
     @staticmethod
     def _result(r: dict[str, Any], now: float) -> Answered:

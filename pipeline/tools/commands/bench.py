@@ -242,6 +242,19 @@ def _sets(
     help="A setting for every pipeline worker of the run (repeatable; after the mode's own, "
     "recorded in bench.json), e.g. --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5.",
 )
+@click.option(
+    "--soak",
+    "soak_s",
+    type=click.FloatRange(30),
+    default=None,
+    metavar="SECONDS",
+    help="Instead of the modes: one adaptive worker for SECONDS at 50 %% of its saturated "
+    "throughput (--rate sets the base, --loads' first fraction the share, -n the calibration "
+    "burst), mostly new texts (--dup-rate, 0.05 unless given), a second worker joining at 1/3 "
+    "and leaving at 1/2, the broker restarted at 2/3 (its own broker; none with --bootstrap). "
+    "Writes soak.json (RSS slope after warm-up, fds, RocksDB size, lag, realtime p99 per "
+    "minute, repeated answers) and soak.png into --out.",
+)
 @keep_broker_option
 @click.pass_obj
 def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
@@ -271,6 +284,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     idle_requests: int | None,
     idle_s: float | None,
     worker_env: tuple[tuple[str, str], ...],
+    soak_s: float | None,
     keep_broker: bool,
 ) -> None:
     """Benchmark the pipeline against its baselines on a real broker and worker.
@@ -303,6 +317,10 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     """
     from pipeline.tools.bench import run_bench, write_report
 
+    if soak_s is not None:
+        _soak(settings, bootstrap, soak_s, out=out, rate=rate, loads=loads, requests=requests,
+              dup_rate=dup_rate, seed=seed, device=device, worker_env=worker_env)  # fmt: skip
+        return
     config = BenchConfig.quick() if quick else BenchConfig()
     changes: dict[str, object] = {
         "modes": modes,
@@ -350,3 +368,40 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     for kind, path in paths.items():
         click.echo(f"{kind}: {path}", err=True)
     sys.stdout.flush()
+
+
+def _soak(
+    settings: Settings,
+    bootstrap: str | None,
+    duration_s: float,
+    *,
+    out: Path,
+    rate: float,
+    loads: tuple[float, ...],
+    requests: int | None,
+    dup_rate: float,
+    seed: int,
+    device: str | None,
+    worker_env: tuple[tuple[str, str], ...],
+) -> None:
+    """``--soak``: run :mod:`pipeline.tools.bench.soak` and print its headline."""
+    import json
+
+    from click.core import ParameterSource
+
+    from pipeline.tools.bench.soak import SoakConfig, run_soak, write_soak
+
+    config = SoakConfig(duration_s=duration_s, out=out, rate=rate, seed=seed, device=device,
+                        worker_env=worker_env)  # fmt: skip
+    if loads:
+        config = dataclasses.replace(config, load=loads[0])
+    if requests is not None:
+        config = dataclasses.replace(config, calibrate_requests=requests)
+    if click.get_current_context().get_parameter_source("dup_rate") != ParameterSource.DEFAULT:
+        config = dataclasses.replace(config, dup_rate=dup_rate)
+    report = run_soak(config, settings, bootstrap)
+    paths = write_soak(report, out)
+    click.echo(json.dumps(report["summary"] | {"repeated_answers": report["repeated_answers"]},
+                          indent=1))  # fmt: skip
+    for kind, path in paths.items():
+        click.echo(f"{kind}: {path}", err=True)
