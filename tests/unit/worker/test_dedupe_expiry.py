@@ -1,0 +1,74 @@
+"""The dedupe TTL on disk: RocksDB drops expired stored results at compaction, in the
+store the worker's own app opens; reads alone would only hide them.
+
+The changelog side (``Retention.changelog_config`` applied on a real broker) is
+tests/kafka/test_dedupe_live.py; the broker deletes a closed segment only at its
+retention check (every 5 minutes by default), too slow to wait for in a test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def test_expired_stored_results_leave_rocksdb_at_compaction(tmp_path: Path) -> None:
+    """The worker's app (TTL 1 s): 200 results stored, then 3 s later unreadable but
+    still in RocksDB; one more stored; a compaction removes the 200 and keeps the new one."""
+    code = f"""
+        import json, time
+        from types import SimpleNamespace
+        from pipeline.app import create_app
+        from pipeline.kafka import faust_edge
+        from pipeline.settings import Settings
+        from pipeline.worker.dedupe import TABLE_NAME, Retention, StoredResults
+
+        settings = Settings.from_env({{
+            "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "PIPELINE_WORKER_APP_ID": "ttl-test",
+            "PIPELINE_WORKER_DATA_DIR": {str(tmp_path)!r},
+            "PIPELINE_DEDUPE_TTL_S": "1",
+        }})
+        app = create_app(settings)
+        table = app.tables[TABLE_NAME]
+        store = faust_edge.ChangelogStore(table, lambda *args: None)
+        results = StoredResults(store, retention=Retention.of_seconds(settings.dedupe.ttl_s),
+                                clock_ms=lambda: int(time.time() * 1000))
+        in_p0 = SimpleNamespace(partition=0)
+        old = ["old-%d" % i for i in range(200)]
+        for key in old:
+            faust_edge.in_partition_of(in_p0, lambda key=key: results.put(key, b"result"))
+        readable_at_once = sum(1 for key in old if results.get(key) is not None)
+        time.sleep(3.0)  # past the 1 s TTL, in RocksDB's whole seconds too
+        db = table.data._db_for_partition(0)
+        on_disk_before = sum(1 for key in db.keys() if key.startswith(b"old-"))
+        readable_before = sum(1 for key in old if results.get(key) is not None)
+        faust_edge.in_partition_of(in_p0, lambda: results.put("new", b"fresh"))
+        db.compact_range(None, None)
+        print(json.dumps({{
+            "readable_at_once": readable_at_once,
+            "on_disk_before": on_disk_before,
+            "readable_before": readable_before,
+            "on_disk_after": sum(1 for key in db.keys() if key.startswith(b"old-")),
+            "new_after": (results.get("new") or b"").decode(),
+        }}))
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["readable_at_once"] == 200
+    # Past the TTL: the read refuses them, yet they are still stored ...
+    assert out["readable_before"] == 0
+    assert out["on_disk_before"] == 200
+    # ... until a compaction, which drops them and keeps what is still fresh.
+    assert out["on_disk_after"] == 0
+    assert out["new_after"] == "fresh"
