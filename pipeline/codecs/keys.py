@@ -114,11 +114,6 @@ class InputKeys:
         base.update(f"{fingerprint}\x00{rule}\x00".encode("utf-8", "surrogatepass"))
         self._base = base
 
-    @property
-    def normalising(self) -> bool:
-        """Whether texts are keyed by the tokenizer's normal form (else: exactly)."""
-        return self._normalize is not None
-
     def __call__(self, text: str) -> str:
         form = self.form(text)
         h = self._base.copy()

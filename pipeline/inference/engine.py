@@ -183,16 +183,6 @@ class InferenceEngine:
             close()
         return stopped
 
-    @property
-    def thread_ident(self) -> int | None:
-        """``threading.get_ident()`` of the inference thread, once started."""
-        return None if self._thread is None else self._thread.ident
-
-    @property
-    def tokenizer_ident(self) -> int | None:
-        """``threading.get_ident()`` of the tokenizer stage's thread, once started."""
-        return None if self._tokenizer is None else self._tokenizer.ident
-
     # -- submitting --------------------------------------------------------
 
     async def run(

@@ -44,10 +44,6 @@ class SimDevice:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return queued
 
-    def busy_s(self) -> float:
-        """Seconds the device was busy, all processes together, since the file was made."""
-        return _busy_ns(self._fd) / 1e9
-
     def utilisation(self) -> float:
         """Busy share of the device since the previous call at least 0.5 s ago (0..1)."""
         now = time.monotonic()

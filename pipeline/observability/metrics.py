@@ -29,7 +29,6 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    generate_latest,
 )
 
 from pipeline.observability.metrics_local import LocalCounter, LocalFamilies, LocalHistogram
@@ -314,10 +313,6 @@ class PipelineMetrics:
         """A result published after its request's deadline (lanes that run late)."""
         self._missed.inc((lane,))
 
-    def dedupe_hit(self, level: str) -> None:
-        """A request answered without the model, when not counted by :meth:`completed`."""
-        self._dedupe.inc((level,))
-
     def wait(self, lane: str, seconds: float) -> None:
         """How long one request waited between arrival and its batch's dispatch."""
         self._wait.observe((lane,), seconds if seconds > 0.0 else 0.0)
@@ -425,10 +420,6 @@ class PipelineMetrics:
         self._model.info({"name": name, "version": version, "device": device, "task": task})
 
     # -- reading ----------------------------------------------------------
-
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format (what ``/metrics`` serves)."""
-        return bytes(generate_latest(self.registry))
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """One sample's current value, e.g. ``value("pipeline_dead_letters_total",

@@ -91,10 +91,6 @@ class CircuitBreaker:
         """The open time in force: ``open_ms``, grown by failed probes."""
         return self._open_ms
 
-    def probe_at_ms(self) -> int | None:
-        """When an open breaker lets a probe through (``None`` unless open)."""
-        return self._opened_at + self._open_ms if self._state is State.OPEN else None
-
     def poll(self, now_ms: int) -> BreakerTransition | None:
         """Move open to half open once ``open_ms`` has passed; returns that change."""
         if self._state is State.OPEN and now_ms >= self._opened_at + self._open_ms:

@@ -100,11 +100,6 @@ class WriterSchemas:
         self._looking[schema_id] = task
         task.add_done_callback(lambda _t: self._looking.pop(schema_id, None))
 
-    @property
-    def waiting(self) -> int:
-        """Schema ids whose records wait for a registry that does not answer."""
-        return len(self._waiting)
-
     async def _look_up(self, schema_id: int, done: Callable[[], None]) -> None:
         if self._executor is None:
             # One thread: lookups are rare (once per id) and the client is blocking.

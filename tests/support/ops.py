@@ -37,7 +37,7 @@ def populated() -> PipelineMetrics:
     m.dead_letter("expired", "realtime")
     m.expired("bulk")
     m.deadline_missed("standard")
-    m.dedupe_hit("inflight")
+    m.completed("bulk", "inflight")
     m.wait("realtime", 0.004)
     m.batch(size=8, real_tokens=150, padded_tokens=256, latency_s=0.031, reason="full")
     m.queue_depth("bulk", 17)

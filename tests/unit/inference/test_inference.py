@@ -269,7 +269,7 @@ class FakeModel:
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.gate = gate
         self.entered = threading.Event()  # set once a batch is in forward()
-        self.threads: set[int] = set()
+        self.threads: set[str] = set()  # names of the threads forward ran on
         self.calls: list[list[str]] = []
 
     def tokenize(
@@ -280,7 +280,7 @@ class FakeModel:
         return Encoded(list(texts), {"input_ids": ids}, sum(map(len, texts)), ids.numel())
 
     def forward(self, enc: Encoded) -> list[Prediction]:
-        self.threads.add(threading.get_ident())
+        self.threads.add(threading.current_thread().name)
         self.calls.append(enc.texts)
         self.entered.set()
         if self.gate is not None:
@@ -295,14 +295,14 @@ def test_engine_runs_on_its_own_thread() -> None:
     engine = InferenceEngine(fake)
     engine.start()
 
-    async def main() -> tuple[int, BatchOutcome]:
-        return threading.get_ident(), await engine.run(["a", "bb"])
+    async def main() -> tuple[str, BatchOutcome]:
+        return threading.current_thread().name, await engine.run(["a", "bb"])
 
     try:
         loop_thread, result = asyncio.run(main())
     finally:
         engine.stop(timeout=10)
-    assert fake.threads == {engine.thread_ident}
+    assert fake.threads == {"inference"}
     assert loop_thread not in fake.threads
     assert [o.prediction for o in result.outcomes] == [
         Prediction(embedding=[1.0]),
@@ -314,8 +314,8 @@ def test_engine_runs_on_its_own_thread() -> None:
 def test_stop_joins_the_thread_and_refuses_new_work() -> None:
     engine = InferenceEngine(FakeModel())
     engine.start()
-    thread = next(t for t in threading.enumerate() if t.ident == engine.thread_ident)
-    assert thread.name == "inference" and not thread.daemon
+    thread = next(t for t in threading.enumerate() if t.name == "inference")
+    assert not thread.daemon
     assert engine.stop(timeout=10)
     assert not thread.is_alive()
     assert engine.stop(timeout=1)  # idempotent

@@ -116,9 +116,11 @@ def test_next_batch_is_tokenized_while_the_current_one_computes(
     one, two = asyncio.run(main())
     assert fake.index("tokenize:two") < fake.index("done:one") < fake.index("forward:two")
     threads = dict(fake.log)
-    assert threads["tokenize:one"] == threads["tokenize:two"] == engine.tokenizer_ident
-    assert threads["forward:one"] == threads["forward:two"] == engine.thread_ident
-    assert engine.tokenizer_ident != engine.thread_ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    assert threads["tokenize:one"] == threads["tokenize:two"]
+    assert threads["forward:one"] == threads["forward:two"]
+    assert names[threads["tokenize:one"]] == "inference-tokenizer"
+    assert names[threads["forward:one"]] == "inference"
     assert [o.prediction for o in one.outcomes] == [
         Prediction(embedding=[3.0]),
         Prediction(embedding=[3.0]),

@@ -39,7 +39,6 @@ class Recorder(Protocol):
     def dead_letter(self, stage: str, lane: str) -> None: ...
     def expired(self, lane: str) -> None: ...
     def deadline_missed(self, lane: str) -> None: ...
-    def dedupe_hit(self, level: str) -> None: ...
     def wait(self, lane: str, seconds: float) -> None: ...
 
 
@@ -102,9 +101,6 @@ class Plain:
     def deadline_missed(self, lane: str) -> None:
         self._missed.labels(lane).inc()
 
-    def dedupe_hit(self, level: str) -> None:
-        self._dedupe.labels(level).inc()
-
     def wait(self, lane: str, seconds: float) -> None:
         self._wait.labels(lane).observe(max(0.0, seconds))
 
@@ -140,7 +136,6 @@ def play(target: Recorder, seed: int, n: int = 3000) -> None:
         else:
             target.expired(lane)
             target.deadline_missed(lane)
-            target.dedupe_hit(rng.choice([*DEDUPE_LEVELS, "elsewhere"]))
 
 
 class _Only:

@@ -49,7 +49,6 @@ def test_opens_after_consecutive_failures_only() -> None:
 
 def test_rejects_while_open_then_lets_one_probe_through() -> None:
     breaker = tripped(now_ms=1_000)
-    assert breaker.probe_at_ms() == 1_000 + S.open_ms
     assert not breaker.allow(1_000)
     assert not breaker.allow(1_000 + S.open_ms - 1)
     assert breaker.counts["rejected"] == 2 and breaker.state is State.OPEN
@@ -72,18 +71,17 @@ def test_a_successful_probe_closes_it() -> None:
 
 def test_failed_probes_reopen_it_with_a_growing_capped_wait() -> None:
     breaker = tripped()
-    now, waits = 0, []
+    now, waits = S.open_ms, []  # each probe is due open_ms after the last opening
     for _ in range(6):
-        now = breaker.probe_at_ms() or 0
         assert breaker.allow(now)
         change = breaker.record(now + 10, ok=False)
         assert change is not None and change.to_state is State.OPEN
         assert change.reason == "probe call failed"
         waits.append(change.open_ms)
         assert not breaker.allow(now + 10 + change.open_ms - 1)
+        now += 10 + change.open_ms
     assert waits == [10_000, 20_000, 40_000, 60_000, 60_000, 60_000]
     # Success resets the wait; the next opening starts from open_ms again.
-    now = breaker.probe_at_ms() or 0
     assert breaker.allow(now) and breaker.record(now, ok=True) is not None
     for _ in range(S.failures_to_open):
         change = breaker.record(now, ok=False)

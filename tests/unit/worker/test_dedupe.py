@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.codecs.keys import InputKeys, content_hash, normalise
 from pipeline.inference import default_model_path
-from pipeline.worker.dedupe import SingleFlight, StoredResults
+from pipeline.worker.dedupe import Retention, SingleFlight, StoredResults
 
 
 def test_hash_ignores_whitespace_and_unicode_form_but_not_model() -> None:
@@ -27,7 +27,7 @@ def test_hash_ignores_whitespace_and_unicode_form_but_not_model() -> None:
 def test_stored_results_expire_and_survive_round_trip() -> None:
     now = [1_000]
     table: dict[bytes, bytes] = {}
-    stored = StoredResults(table, ttl_ms=100, clock_ms=lambda: now[0])
+    stored = StoredResults(table, retention=Retention(100), clock_ms=lambda: now[0])
     assert stored.get("ab") is None
     stored.put("ab", b"result")
     assert stored.get("ab") == b"result"
@@ -65,7 +65,7 @@ def minilm_keys(minilm_tokenizer: Any) -> InputKeys:
 
 def test_texts_the_tokenizer_reads_differently_get_different_keys(minilm_tokenizer: Any) -> None:
     keys = InputKeys("fp", minilm_tokenizer)
-    assert keys.normalising
+    assert keys("Alpha") == keys("alpha")  # keyed by the tokenizer's normal form
     for a, b in [
         ("alpha\x1fbeta gamma delta", "alpha beta gamma delta"),  # U+001F is deleted
         ("alpha\x0bbeta", "alpha beta"),  # so is a vertical tab (a control character)
@@ -164,7 +164,6 @@ def test_whitespace_runs_are_one_only_where_the_pre_tokenizer_drops_whitespace()
         "fp",
         PreTrainedTokenizerFast(tokenizer_object=byte_level),  # type: ignore[no-untyped-call]
     )
-    assert gpt_like.normalising
     assert gpt_like("a  b") != gpt_like("a b") and gpt_like(" a") != gpt_like("a")
     split = Tokenizer(models.BPE())
     split.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -174,5 +173,4 @@ def test_whitespace_runs_are_one_only_where_the_pre_tokenizer_drops_whitespace()
     )
     assert words("a \t b ") == words("a b") != words("a\x1fb")
     exact = InputKeys("fp")  # no fast tokenizer: only equal texts share
-    assert not exact.normalising
     assert exact("a b") == exact("a b") != exact("a  b")
