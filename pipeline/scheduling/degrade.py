@@ -5,16 +5,20 @@ pauses a topic or touches a request. :class:`LoadShedder` says which
 :class:`Shedding` actions hold now, and the worker applies them.
 
 The batch-size controller acts first (it shrinks batches when they are slow);
-shedding starts only when realtime requests still miss their deadlines. The
+shedding starts only when realtime requests still miss their deadlines. Which
+lane is watched, paused or expired early is part of the lane's definition
+(:class:`pipeline.settings.lanes.Shed`; today realtime, bulk and standard). The
 order, one level at a time, each level keeping the ones below it:
 
 ====== ============================================================================
 level  what is shed
 ====== ============================================================================
 0      nothing: normal operation
-1      the bulk lane is paused (its topic stops being consumed; nothing is lost)
-2      standard requests expire early: standard joins the expiring lanes and its
-       deadline shrinks to ``standard_deadline_factor`` of its budget
+1      the ``PAUSE`` lanes (bulk) are paused (their topics stop being consumed;
+       nothing is lost)
+2      the ``EXPIRE_EARLY`` lanes' (standard) requests expire early: those lanes
+       join the expiring lanes and their deadline budget shrinks to
+       ``standard_deadline_factor``
 3      texts longer than ``max_text_chars`` characters are cut to that length
 ====== ============================================================================
 
@@ -38,15 +42,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pipeline.settings import LANES, DegradeSettings
+from pipeline.settings import DegradeSettings
+from pipeline.settings.lanes import Shed, shed_lanes
 
 __all__ = ["MAX_LEVEL", "LoadShedder", "ShedTransition", "Shedding", "shedding_at"]
 
 #: The highest level (see the module's table).
 MAX_LEVEL = 3
 
-#: The lane whose deadlines are watched.
-WATCHED_LANE = LANES[0]
+#: The lanes whose deadlines are watched.
+WATCHED = shed_lanes(Shed.WATCHED)
+_PAUSED = shed_lanes(Shed.PAUSE)
+_EXPIRE_EARLY = shed_lanes(Shed.EXPIRE_EARLY)
 
 #: Bound on the answers the window holds; older ones are dropped first.
 MAX_SAMPLES = 1 << 16
@@ -56,27 +63,30 @@ MAX_SAMPLES = 1 << 16
 class Shedding:
     """The actions in force at one level; ``Shedding()`` is normal operation."""
 
-    pause_bulk: bool = False
-    expire_standard: bool = False
-    standard_deadline_factor: float = 1.0
+    #: The ``PAUSE`` lanes are paused.
+    pause: bool = False
+    #: The ``EXPIRE_EARLY`` lanes' late requests expire.
+    expire_early: bool = False
+    #: The ``EXPIRE_EARLY`` lanes' deadline budgets are shortened by this factor.
+    deadline_factor: float = 1.0
     max_text_chars: int | None = None
 
     @property
     def paused_lanes(self) -> frozenset[str]:
         """Lanes whose consumption must be paused on top of backpressure."""
-        return frozenset({"bulk"}) if self.pause_bulk else frozenset()
+        return _PAUSED if self.pause else frozenset()
 
     def expires(self, lane: str) -> bool:
         """Whether shedding makes late requests of ``lane`` expire (on top of the settings)."""
-        return self.expire_standard and lane == "standard"
+        return self.expire_early and lane in _EXPIRE_EARLY
 
     def deadline_ms(self, lane: str, *, arrived_ms: int, deadline_ms: int) -> int:
-        """The deadline to schedule a request by: a standard request's budget
+        """The deadline to schedule a request by: an ``EXPIRE_EARLY`` lane's budget
         (deadline minus arrival) is shortened by the factor; others unchanged."""
-        if lane != "standard" or self.standard_deadline_factor >= 1.0:
+        if lane not in _EXPIRE_EARLY or self.deadline_factor >= 1.0:
             return deadline_ms
         budget = max(deadline_ms - arrived_ms, 0)
-        return arrived_ms + int(budget * self.standard_deadline_factor)
+        return arrived_ms + int(budget * self.deadline_factor)
 
     def clip(self, text: str) -> str:
         """``text`` cut to ``max_text_chars`` characters (unchanged when there is no cap)."""
@@ -90,9 +100,9 @@ def shedding_at(level: int, settings: DegradeSettings) -> Shedding:
     if not 0 <= level <= MAX_LEVEL:
         raise ValueError(f"level {level} outside 0..{MAX_LEVEL}")
     return Shedding(
-        pause_bulk=level >= 1,
-        expire_standard=level >= 2,
-        standard_deadline_factor=settings.standard_deadline_factor if level >= 2 else 1.0,
+        pause=level >= 1,
+        expire_early=level >= 2,
+        deadline_factor=settings.standard_deadline_factor if level >= 2 else 1.0,
         max_text_chars=settings.max_text_chars if level >= 3 else None,
     )
 
@@ -149,10 +159,10 @@ class LoadShedder:
 
     def observe(self, now_ms: int, lane: str, late: bool) -> ShedTransition | None:
         """Count one answered request (``late``: answered after its deadline, or
-        expired); returns the level change it caused, if any. Only the realtime
-        lane's answers weigh; others are ignored."""
+        expired); returns the level change it caused, if any. Only the watched
+        lane's (realtime's) answers weigh; others are ignored."""
         now = self._tick(now_ms)
-        if lane != WATCHED_LANE or not self.settings.enabled:
+        if lane not in WATCHED or not self.settings.enabled:
             return self.poll(now)
         self.observed += 1
         self.late += late

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar, get_type_hints
 
 from pipeline.errors import ConfigurationError
-from pipeline.settings._fields import KAFKA_VERSION, LANES, PREFIX
+from pipeline.settings._fields import KAFKA_VERSION, PREFIX
 from pipeline.settings.kafka import (
     KafkaSecuritySettings,
     KafkaSettings,
@@ -24,6 +24,7 @@ from pipeline.settings.kafka import (
     Secret,
     TopicSettings,
 )
+from pipeline.settings.lanes import LANES, Lane, lanes_of
 from pipeline.settings.registry import RegistrySettings
 from pipeline.settings.scheduling import BreakerSettings, DegradeSettings, SchedulerSettings
 from pipeline.settings.serving import (
@@ -47,6 +48,7 @@ __all__ = [
     "DegradeSettings",
     "KafkaSecuritySettings",
     "KafkaSettings",
+    "Lane",
     "LocalKafkaSettings",
     "LogSettings",
     "MetricsSettings",
@@ -59,6 +61,7 @@ __all__ = [
     "TopicSettings",
     "ValidationSettings",
     "WorkerSettings",
+    "lanes_of",
 ]
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -1,4 +1,4 @@
-"""What every settings section shares: the lanes, the variable prefix, field help."""
+"""What every settings section shares: the variable prefix, field help."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import dataclasses
 import os
 from pathlib import Path
 from typing import Any
-
-#: Priority lanes, highest first.
-LANES: tuple[str, ...] = ("realtime", "standard", "bulk")
 
 PREFIX = "PIPELINE_"
 KAFKA_VERSION = "4.1.1"

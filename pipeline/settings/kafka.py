@@ -6,7 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.errors import ConfigurationError
-from pipeline.settings._fields import KAFKA_VERSION, LANES, _default_cache, _field
+from pipeline.settings._fields import KAFKA_VERSION, _default_cache, _field
+from pipeline.settings.lanes import LANES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.errors import ConfigurationError
-from pipeline.settings._fields import LANES, _default_cache, _field
+from pipeline.settings._fields import _default_cache, _field
+from pipeline.settings.lanes import LANES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,9 +49,9 @@ def test_escalates_in_order_one_level_per_cooldown() -> None:
     assert shedder.escalations == 3 and shedder.deescalations == 0
     assert shedder.drain() == changes and shedder.drain() == []
     assert shedder.actions == Shedding(
-        pause_bulk=True,
-        expire_standard=True,
-        standard_deadline_factor=S.standard_deadline_factor,
+        pause=True,
+        expire_early=True,
+        deadline_factor=S.standard_deadline_factor,
         max_text_chars=S.max_text_chars,
     )
     assert "escalated 0 -> 1" in str(changes[0])
@@ -73,9 +73,9 @@ def test_recovers_to_normal_one_step_per_hold() -> None:
 
 def test_every_level_has_the_documented_actions() -> None:
     assert shedding_at(0, S) == Shedding()
-    assert shedding_at(1, S) == Shedding(pause_bulk=True)
+    assert shedding_at(1, S) == Shedding(pause=True)
     two = shedding_at(2, S)
-    assert two.pause_bulk and two.expire_standard and two.max_text_chars is None
+    assert two.pause and two.expire_early and two.max_text_chars is None
     three = shedding_at(3, S)
     assert three.max_text_chars == S.max_text_chars
     with pytest.raises(ValueError):
