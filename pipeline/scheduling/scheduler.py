@@ -41,6 +41,12 @@ when the caller passes it: a batch planned while others are still in the
 engine starts after them (issue 31: a burst of 37 short realtime texts went
 out in batches of 8 at ~160 texts/s, the rest expiring together at their
 deadline, where one batch at the best rate finished them all).
+Realtime's plans (the triage's layout and the cut to the tightest deadline)
+multiply the latency model's predictions by the overrun the last
+``OVERRUN_BATCHES`` batches measured (run time over prediction, 1 to
+``MAX_OVERRUN``): in a burst on 2 shared cores, batches ran 1.5-7x their
+prediction, and a realtime batch planned to the edge of its deadline then
+finished every one of its requests late.
 
 No batch is planned past the controller's latency threshold, and while
 realtime flows (a realtime request arrived within ``FLOW_MS``) past
@@ -49,6 +55,10 @@ batch running when it arrives, then runs in a batch of its own, so the two
 bound its time in the worker (docs/design.md, "Realtime beside bulk": with
 realtime at 10/s beside a 1,500-request bulk backlog, batches filled up to the
 realtime deadline put realtime's p99 at 205-270 ms).
+The same bound holds for a realtime deadline after a request reaches an
+empty scheduler: a burst's realtime may arrive right behind its first
+requests (measured: 25-35 ms after them), and a batch planned to the latency
+threshold before it did took half of its deadline.
 
 A decision looks at the first ``LOOKAHEAD_BATCHES * max_items`` requests of
 each lane in deadline order, not at whole queues: with hundreds queued per
@@ -64,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -81,6 +92,11 @@ LOOKAHEAD_BATCHES = 4
 
 #: Realtime flows while its last request arrived at most this long ago (ms).
 FLOW_MS = 1000
+
+#: Realtime's plans allow for the last this many batches' measured run time over
+#: their prediction, taken as at least 1 and at most ``MAX_OVERRUN``.
+OVERRUN_BATCHES = 4
+MAX_OVERRUN = 3.0
 
 T = TypeVar("T")
 
@@ -133,6 +149,12 @@ class Scheduler(Generic[T]):
         self.last: Plan[T] | None = None
         self.last_latency_ms = 0.0
         self.realtime_seen_ms = -math.inf  # arrival of the latest realtime request
+        self.woke_ms = -math.inf  # the latest arrival into an empty scheduler
+        self._ran: deque[tuple[float, float]] = deque(maxlen=OVERRUN_BATCHES)  # (predicted, ran)
+        #: How much longer than predicted the last batches ran (their measured run time
+        #: over their prediction, summed), within 1..``MAX_OVERRUN``: realtime's plans
+        #: multiply the latency model's predictions by it.
+        self.overrun = 1.0
 
     # -- queues and backpressure ---------------------------------------------
 
@@ -140,6 +162,8 @@ class Scheduler(Generic[T]):
         """Queue ``item``; ``False`` (not queued) when its lane's queue is full."""
         if item.lane == self.lanes[0]:
             self.realtime_seen_ms = max(self.realtime_seen_ms, item.arrived_ms)
+        if not len(self.queues):
+            self.woke_ms = max(self.woke_ms, item.arrived_ms)
         return self.queues.offer(item, self.shapes.seq_index(item.tokens))
 
     def depth(self, lane: str) -> int:
@@ -217,6 +241,10 @@ class Scheduler(Generic[T]):
         if not batch.items:
             return
         self.last_latency_ms = latency_ms
+        if batch.predicted_ms > 0:
+            self._ran.append((batch.predicted_ms, latency_ms))
+            ran = sum(r for _, r in self._ran) / sum(p for p, _ in self._ran)
+            self.overrun = min(max(ran, 1.0), MAX_OVERRUN)
         saturated = (
             batch.padded_tokens + batch.seq_len > batch.budget
             and batch.budget >= self.controller.budget
@@ -281,7 +309,10 @@ class Scheduler(Generic[T]):
         # shrunk the budget: a realtime request that arrives now waits for the
         # running batch, and then runs in the next one.
         limit_ms = controller.threshold_ms
-        if now_ms - self.realtime_seen_ms <= FLOW_MS:
+        if (
+            now_ms - self.realtime_seen_ms <= FLOW_MS
+            or now_ms - self.woke_ms <= controller.slo_ms  # a burst's realtime may follow
+        ):
             limit_ms = min(limit_ms, self.settings.flow_threshold * controller.slo_ms)
         cap = max(controller.tokens_within(limit_ms), self.settings.token_budget_min)
         budget = min(controller.budget, cap)
@@ -289,7 +320,7 @@ class Scheduler(Generic[T]):
         if realtime and not due_waiting:
             urgent = realtime[0]  # EDF order
             headroom = urgent.deadline_ms - start_ms - self.settings.margin_ms
-            fit = controller.tokens_within(headroom)
+            fit = controller.tokens_within(headroom / self.overrun)
             if self.shapes.seq_len(urgent.bucket) <= fit < budget:
                 budget = fit
         return budget
@@ -307,7 +338,7 @@ class Scheduler(Generic[T]):
         s = self.settings
         lay = functools.partial(
             triage, realtime, self.shapes, start_ms=start_ms,
-            predict_ms=self.controller.predict_ms, max_items=s.max_items, margin_ms=s.margin_ms,
+            predict_ms=self._planned_ms, max_items=s.max_items, margin_ms=s.margin_ms,
         )  # fmt: skip
         capped = lay(max_tokens=budget)
         if not capped.batches or (len(capped.batches) == 1 and not capped.hopeless):
@@ -318,11 +349,16 @@ class Scheduler(Generic[T]):
         full = lay(max_tokens=max(budget, self.controller.budget))
         # Only while it ends before a request of a lower lane becomes overdue: aging's
         # bound counts on the batch running then being no longer than a capped one.
-        ends = start_ms + self.controller.predict_ms(full.padded[0]) + self.settings.margin_ms
+        ends = start_ms + self._planned_ms(full.padded[0]) + self.settings.margin_ms
         better = (full.on_time, -full.end_ms) > (capped.on_time, -capped.end_ms)
         if better and ends <= aged_ms:
             return full.hopeless, full.padded[0], full.batches[0]
         return capped.hopeless, budget, None
+
+    def _planned_ms(self, padded_tokens: int) -> float:
+        """A realtime batch's run time as planned: the latency model's prediction times
+        the overrun the last batches measured."""
+        return self.controller.predict_ms(padded_tokens) * self.overrun
 
     def _decide(self, now_ms: int, engine_free_ms: float | None = None) -> _Decision[T]:
         s = self.settings

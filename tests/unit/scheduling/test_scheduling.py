@@ -145,14 +145,15 @@ def test_no_batch_is_planned_past_the_latency_threshold() -> None:
     sched = scheduler()  # budget 512, but 512 tokens are predicted at 114 ms > 100 ms
     for n in range(40):
         sched.offer(item(n, "bulk"))
-    plan = sched.next_batch(0)
+    # A realtime deadline after the scheduler woke (a burst's realtime may follow).
+    plan = sched.next_batch(SLO_MS + 1)
     assert plan is not None and plan.reason == "full"
     assert len(plan.items) == 13 and plan.predicted_ms <= 100  # 13 x 32 = 416 tokens
     # once the model has measured faster batches, the budget is the limit again
     for _ in range(20):
         sched.controller.model.observe(512, 60.0)
         sched.controller.model.observe(128, 20.0)
-    plan = sched.next_batch(0)
+    plan = sched.next_batch(SLO_MS + 1)
     assert plan is not None and len(plan.items) == 16
 
 
@@ -162,16 +163,16 @@ def test_while_realtime_flows_batches_stay_within_the_flow_threshold() -> None:
     sched = scheduler()
     for n in range(300):
         sched.offer(item(n, "bulk", at=0))
-    plan = sched.next_batch(0)
+    plan = sched.next_batch(250)  # a realtime deadline after the scheduler woke
     assert plan is not None and 40 < plan.predicted_ms <= 100  # no realtime yet
-    sched.offer(item(1000, "realtime", at=50))
-    plan = sched.next_batch(50)
+    sched.offer(item(1000, "realtime", at=300))
+    plan = sched.next_batch(300)
     assert plan is not None and 1000 in [it.payload for it in plan.items]
     assert plan.predicted_ms <= 40 and len(plan.items) > 1  # bulk fills the rest
-    for now in (200, 1050):  # realtime flowed 150 ms and 1 s ago: still capped
+    for now in (450, 1300):  # realtime flowed 150 ms and 1 s ago: still capped
         plan = sched.next_batch(now)
         assert plan is not None and plan.predicted_ms <= 40, now
-    plan = sched.next_batch(1051)  # more than a second since: the latency threshold again
+    plan = sched.next_batch(1301)  # more than a second since: the latency threshold again
     assert plan is not None and plan.predicted_ms > 40
     relaxed = scheduler(flow_threshold=0.5)  # as high as latency_threshold: no cap of its own
     for n in range(300):

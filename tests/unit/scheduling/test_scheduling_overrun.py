@@ -1,0 +1,145 @@
+"""Realtime planned on what the engine measured, on a fake clock (issue 31).
+
+Two rules: realtime's batches are planned on the latency model's prediction
+times the overrun the last batches measured (batches that ran k times their
+prediction make the plan allow k times), and the first batches after the
+scheduler woke from empty stay within the flow bound, since a burst's realtime
+may arrive right behind its first requests.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.scheduling import SLO_MS, drive, item, scheduler
+
+from pipeline.scheduling import Item, Plan, Scheduler
+from pipeline.scheduling.controller import LatencyModel
+from pipeline.scheduling.scheduler import MAX_OVERRUN, OVERRUN_BATCHES
+
+#: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
+BUCKETS = "8,16,32"
+
+
+class _Frozen(LatencyModel):
+    """A latency model that never learns: its predictions stay the settings' own, so
+    only the scheduler's overrun can see the engine run slower than predicted."""
+
+    def observe(self, padded_tokens: int, latency_ms: float) -> None:
+        del padded_tokens, latency_ms
+
+
+def _ran_slow(sched: Scheduler[int], k: float, batches: int = OVERRUN_BATCHES) -> None:
+    """Feed ``batches`` finished batches that ran ``k`` times their prediction."""
+    for n in range(batches):
+        predicted = sched.controller.predict_ms(8)
+        plan: Plan[int] = Plan(
+            items=[item(-1 - n, "standard", tokens=8)], expired=[], seq_len=8, batch_shape=1,
+            real_tokens=8, padded_tokens=8, budget=8, reason="full", predicted_ms=predicted,
+        )  # fmt: skip
+        sched.observe(plan, latency_ms=k * predicted, utilisation=None, now_ms=0)
+
+
+def _most_on_time(n: int, deadline: int, *, overhead: float, per_row: float, rows: int) -> int:
+    """The most of ``n`` equal requests, all there at 0, that one engine finishes by
+    ``deadline`` in batches of at most ``rows`` (the fewer batches the better)."""
+    return max(
+        (r for r in range(n + 1) if math.ceil(r / rows) * overhead + r * per_row <= deadline),
+        default=0,
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    k=st.sampled_from([1, 2, 3]),
+    rows=st.integers(1, 32),
+    overhead=st.integers(1, 30),
+    cost=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+    deadline=st.integers(1, 400),
+    data=st.data(),
+)
+def test_realtime_planned_on_the_measured_overrun_meets_its_deadlines(
+    *, k: int, rows: int, overhead: int, cost: float, deadline: int, data: st.DataObject
+) -> None:
+    # The engine runs every batch k times the latency model's prediction, and did so
+    # for the last batches: of a realtime burst exactly as many as such an engine can
+    # finish in time are computed, none of them late, and the rest expire at once.
+    n = data.draw(st.integers(1, 4 * rows))
+    fixed = float(overhead)
+    sched = scheduler(
+        seq_buckets=BUCKETS, max_items=rows, token_budget=8 * rows, token_budget_min=8,
+        policy="fixed", window_ms=0, margin_ms=0, latency_overhead_ms=fixed,
+        latency_ms_per_token=cost,
+    )  # fmt: skip
+    sched.controller.model = _Frozen(overhead_ms=fixed, ms_per_token=cost, alpha=1.0)
+    _ran_slow(sched, k)
+    assert sched.overrun == k
+    burst = [item(k_, "realtime", tokens=8, at=0, deadline=deadline) for k_ in range(n)]
+
+    def engine(plan: Plan[int]) -> float:
+        return k * (fixed + cost * plan.padded_tokens)
+
+    run = drive(sched, burst, engine)
+
+    best = _most_on_time(n, deadline, overhead=k * fixed, per_row=k * 8 * cost, rows=rows)
+    done = [(now + math.ceil(engine(p)), it) for now, p in run for it in p.items]
+    assert all(end <= it.deadline_ms for end, it in done)  # none computed late
+    assert len(done) == min(n, best)
+    expired = [(now, it) for now, p in run for it in p.expired]
+    assert len(expired) == n - len(done)
+    assert all(now == 0 for now, _ in expired)  # at once, long before the deadline
+
+
+@given(k=st.floats(0.1, 10.0), batches=st.integers(1, 2 * OVERRUN_BATCHES))
+def test_the_overrun_is_what_the_last_batches_measured_within_its_bounds(
+    k: float, batches: int
+) -> None:
+    sched = scheduler()
+    sched.controller.model = _Frozen(overhead_ms=12.0, ms_per_token=0.2, alpha=1.0)
+    assert sched.overrun == 1.0  # nothing measured yet: the model as it predicts
+    _ran_slow(sched, 2.0, OVERRUN_BATCHES)
+    _ran_slow(sched, k, batches)
+    # The last OVERRUN_BATCHES batches count, each with its own prediction.
+    newest = min(batches, OVERRUN_BATCHES)
+    ran = (newest * k + (OVERRUN_BATCHES - newest) * 2.0) / OVERRUN_BATCHES
+    assert math.isclose(sched.overrun, min(max(ran, 1.0), MAX_OVERRUN))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lanes=st.lists(st.sampled_from(["standard", "bulk"]), min_size=1, max_size=200),
+    tokens=st.integers(1, 60),
+    asleep_ms=st.integers(0, 5000),
+    after_ms=st.integers(10, SLO_MS),  # from the window (10 ms) on, a batch is due
+)
+def test_the_first_batches_after_the_scheduler_woke_stay_within_the_flow_bound(
+    lanes: list[str], tokens: int, asleep_ms: int, after_ms: int
+) -> None:
+    # A burst of standard and bulk reaches an idle scheduler (no realtime flowing: the
+    # last realtime request was long ago); its realtime may be right behind. Batches
+    # formed within a realtime deadline of the first arrival stay within the flow
+    # bound (0.2 x 200 ms), not the latency threshold (100 ms), so realtime that
+    # arrives meanwhile waits for a short batch.
+    sched = scheduler()
+    sched.offer(item(0, "realtime", at=0))
+    assert sched.next_batch(sched.settings.window_ms) is not None  # realtime once, then silence
+    at = 1 + asleep_ms + 1000
+    burst: list[Item[int]] = [
+        item(n + 1, lane, tokens=tokens, at=at) for n, lane in enumerate(lanes)
+    ]
+    for it in burst:
+        assert sched.offer(it)
+    now = at + after_ms
+    plan = sched.next_batch(now)
+    assert plan is not None and plan.items
+    c = sched.controller
+    cap = max(
+        c.tokens_within(sched.settings.flow_threshold * SLO_MS), sched.settings.token_budget_min
+    )
+    assert len(plan.items) == 1 or plan.padded_tokens <= cap
+    # Past that deadline, with no realtime seen, the latency threshold bounds them again.
+    later = sched.next_batch(at + SLO_MS + 1)
+    if later is not None and len(later.items) > 1:
+        assert later.padded_tokens <= max(c.tokens_within(c.threshold_ms), c.budget)
