@@ -19,8 +19,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -47,16 +45,13 @@ from pipeline.observability.metrics import MetricsServer, PipelineMetrics, start
 from pipeline.observability.stalls import StallWatch
 from pipeline.scheduling.calibrate import calibrate
 from pipeline.settings import Settings
-from pipeline.worker.admission import LaneBounds
-from pipeline.worker.continuity import Continuity
-from pipeline.worker.dedupe import TABLE_NAME, StoredResults, changelog_config
-from pipeline.worker.lane_buffer import LaneBuffer
+from pipeline.worker.dedupe import TABLE_NAME, Retention, StoredResults
 from pipeline.worker.lane_reader import Consumer as ReaderConsumer
 from pipeline.worker.lane_reader import LaneReader
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.preflight import preflight
 from pipeline.worker.publish import Publisher
 from pipeline.worker.runtime import Runtime, wall_ms
-from pipeline.worker.start_offsets import StartOffsets
 
 __all__ = ["app", "create_app", "settings"]
 
@@ -87,17 +82,24 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         )
         for lane in s.worker.consumed_lanes()  # PIPELINE_WORKER_LANES: this fleet's lanes
     }
+    retention = Retention.of_seconds(s.dedupe.ttl_s)  # the dedupe TTL's one owner
     table = app.Table(
         TABLE_NAME,
         key_type=bytes,  # bytes types make Faust use the raw serializer
         value_type=bytes,
         partitions=s.topics.partitions,
-        options={"ttl": s.dedupe.ttl_s},
-        # compact,delete: entries past the TTL are never served, so they leave the changelog.
-        extra_topic_configs=changelog_config(s.dedupe.ttl_s),
+        options=retention.table_options(),
+        extra_topic_configs=retention.changelog_config(),
     )
     lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}
-    holder = _RuntimeHolder(app, s, table, lane_of_topic, answer_headers)
+    holder = _RuntimeHolder(
+        app,
+        s,
+        table=table,
+        retention=retention,
+        lane_of_topic=lane_of_topic,
+        answer_headers=answer_headers,
+    )
     app.rebalance_hooks.append(holder.on_rebalance_start)
     app.stop_hooks.append(holder.on_stopping)
     app.service(holder)  # type: ignore[arg-type]  # instances are accepted too
@@ -109,13 +111,10 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         # Faust commits the acked prefix before this; the rest is redelivered
         # to whoever gets the partition, so stop tracking it here.
         lanes = [tp for tp in revoked if tp.topic in lane_of_topic]
-        holder.reader.revoked(lanes)
-        for tp in lanes:
-            holder.passed.forget(tp)
-        for tp in lanes:
-            holder.start_offsets.forget((tp.topic, tp.partition))
-            if holder.runtime is not None:
-                holder.runtime.forget_partition(tp.topic, tp.partition)
+        if holder.runtime is not None:
+            holder.runtime.revoked(lanes)
+        else:
+            holder.ledger.revoked(lanes)
 
     lane_names = frozenset(lane_of_topic)
 
@@ -124,13 +123,13 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         # Records are buffered from the first assignment on, maybe before the holder
         # starts: a rebalance from then on must reach the worker's loop (on_rebalance_start).
         holder.on_loop(asyncio.get_running_loop())
-        holder.start_offsets.assigned(
+        holder.ledger.assigned(
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
 
     faust_edge.install(
         lane_names,
-        holder.buffer.put,
+        holder.ledger.fetched,
         fetch_max_wait_ms=settings.kafka.fetch_max_wait_ms,
         isolation_level=settings.kafka.isolation_level,
         passed=holder.passed,
@@ -199,7 +198,9 @@ class _RuntimeHolder(Service):
         self,
         app: faust.App,
         settings: Settings,
+        *,
         table: Any,
+        retention: Retention,
         lane_of_topic: dict[str, str],
         answer_headers: AnswerHeaders | None = None,
     ) -> None:
@@ -207,6 +208,7 @@ class _RuntimeHolder(Service):
         self.answer_headers = answer_headers
         self.settings = settings
         self.table = table
+        self.retention = retention
         self.runtime: Runtime | None = None
         self.changelog: faust_edge.ChangelogStore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -219,31 +221,32 @@ class _RuntimeHolder(Service):
         self.answer_producer: AnswerProducer | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
-        self.start_offsets = StartOffsets(settings)
-        # app.consumer is made when the worker starts: look it up at each call.
-        self.buffer = LaneBuffer(
-            lane_of_topic,
-            LaneBounds(settings.batch.stream_buffer, settings.batch.max_inflight_bytes),
-            pause=lambda tp: faust_edge.pause_fetch(app.consumer, tp),
-            resume=lambda tp: faust_edge.resume_fetch(app.consumer, tp),
-        )
         # Offsets the fetcher walked past without a record: holes the reader passes at once.
         self.passed = faust_edge.PassedOffsets(lane_of_topic)
-        self.reader = LaneReader(
-            self.buffer,
+        # The one keeper of lane records' offsets, from the first assignment on (before
+        # the runtime exists); the runtime owns it once made. app.consumer is made when
+        # the worker starts: look it up at each call.
+        self.ledger = Ledger(
+            settings,
             lane_of_topic,
+            clock_ms=wall_ms,
+            pause=lambda tp: faust_edge.pause_fetch(app.consumer, tp),
+            resume=lambda tp: faust_edge.resume_fetch(app.consumer, tp),
+            forget=lambda records: faust_edge.forget(app.consumer, records),
+            explains=self.passed.explains,
+            forget_passed=self.passed.forget,
+        )
+        self.reader = LaneReader(
+            self.ledger,
             ReaderConsumer(
                 seek=lambda tp, offset: faust_edge.seek(app.consumer, tp, offset),
                 add_gap=lambda tp, low, high: faust_edge.add_gap(app.consumer, tp, low, high),
-                forget=lambda records: faust_edge.forget(app.consumer, records),
-                start_offset=self.start_offsets.get,
+                start_offset=self.ledger.starts.get,
                 position=lambda tp: faust_edge.position(app.consumer, tp),
                 pass_end=lambda tp, low, high: faust_edge.pass_end(app.consumer, tp, low, high),
             ),
-            continuity=Continuity(explains=self.passed.explains),
             on_passed=self._offsets_passed,
         )
-        self.continuity = self.reader.continuity
         super().__init__()
 
     def _offsets_passed(self, count: int, explained: bool) -> None:
@@ -264,18 +267,16 @@ class _RuntimeHolder(Service):
     def on_stopping(self) -> None:
         """The worker stops: give up unstarted work and every lane record fetched, now
         and until the consumer has stopped."""
-        if self.runtime is not None:
-            self.runtime.give_up_unstarted()
-        dropped = self.reader.stop()
-        if dropped:
-            log.info("stopping: %d buffered lane records dropped (read again after it)", dropped)
+        self.reader.stop()
+        self._give_up_unstarted("stopping")
 
-    def _give_up_unstarted(self) -> None:
+    def _give_up_unstarted(self, why: str = "rebalance") -> None:
         if self.runtime is not None:
-            self.runtime.give_up_unstarted()
-        dropped = self.reader.give_up()
+            self.runtime.give_up_unstarted(why)
+            return
+        _stranded, dropped = self.ledger.give_up()
         if dropped:
-            log.info("rebalance: %d buffered lane records dropped (read again after it)", dropped)
+            log.info("%s: %d buffered lane records dropped (read again after it)", why, dropped)
 
     async def on_start(self) -> None:
         s = self.settings
@@ -307,25 +308,25 @@ class _RuntimeHolder(Service):
             self.answer_producer.send,
             results_topic=s.topics.results_topic,
             dlq_topic=s.topics.dlq_topic,
-            on_fatal=self._answer_path_failed,
             send_nowait=self.answer_producer.send_nowait,
             headers=self.answer_headers,
         )
         self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.produce_nowait)
-        stored = StoredResults(self.changelog, ttl_ms=s.dedupe.ttl_s * 1000, clock_ms=wall_ms)
+        stored = StoredResults(self.changelog, retention=self.retention, clock_ms=wall_ms)
         self.runtime = Runtime(
             s,
             engine=self.engine,
             publisher=publisher,
             ack=faust_edge.releaser(lambda: self.app.consumer),
+            ledger=self.ledger,
             stored=stored,
             store_in_context=faust_edge.in_partition_of,
             metrics=self.metrics,
             fallback=fallback,
             fallback_model=fallback_model,
-            forget=lambda tokens: faust_edge.forget(self.app.consumer, tokens),
             keys=model.keys,
             on_room=self.reader.wake,
+            on_failure=self._answer_path_failed,
             utilisation=device_utilisation(self.telemetry, self.engine.busy_fraction),
         )
         await calibrate(self.engine, self.runtime.controller, self.runtime.scheduler.shapes)
@@ -365,7 +366,7 @@ class _RuntimeHolder(Service):
             await asyncio.sleep(interval_s)
             if self.changelog is not None:
                 self.changelog.flush_offsets()
-            for tp, offset in self.continuity.overdue():
+            for tp, offset in self.ledger.continuity.overdue():
                 log.warning("%s: seek back to %d got no records; seeking again", tp, offset)
                 with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
                     await faust_edge.seek(self.app.consumer, tp, offset)
@@ -406,14 +407,7 @@ class _RuntimeHolder(Service):
     def _answer_path_failed(self, failure: BaseException) -> None:
         """Stop the worker loudly: it exits non-zero, commits only what was answered,
         and waits for no unanswered input (each stays uncommitted: redelivered)."""
-        log.critical("stopping the worker: %s", failure)
-        self.app.conf.stream_wait_empty = False
-        for message in list(self.app.consumer.unacked):
-            self.app.consumer.unacked.discard(message)
-        root = self.beacon.root.data if self.beacon.root is not None else None
-        if root is not None and hasattr(root, "crash_reason"):
-            root.crash_reason = failure  # mode's Worker re-raises it: a non-zero exit
-        os.kill(os.getpid(), signal.SIGTERM)
+        faust_edge.stop_worker(self.app, self, failure)
 
 
 def use_event_loop(kind: str) -> None:

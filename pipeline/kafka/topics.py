@@ -13,7 +13,7 @@ from pipeline.kafka.client import require_bootstrap
 from pipeline.kafka.security import AuthWatch, client_config, connect
 from pipeline.observability.logs import librdkafka_log
 from pipeline.settings import Settings, TopicSettings
-from pipeline.worker.dedupe import changelog_config, changelog_topic
+from pipeline.worker.dedupe import Retention, changelog_topic
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def dedupe_changelog(
     timeout_s: float,
 ) -> str:
     """Create the dedupe table's changelog topic (compacted, pruned past the dedupe TTL,
-    :func:`pipeline.worker.dedupe.changelog_config`), or bring an existing one's cleanup
+    :meth:`pipeline.worker.dedupe.Retention.changelog_config`), or bring an existing one's cleanup
     settings in line: "created", "exists" (already in line), "aligned" (changed now),
     or "unchecked" (the cluster refused to show or change them; logged).
 
@@ -153,7 +153,7 @@ def dedupe_changelog(
     )
 
     name = changelog_topic(settings.worker.app_id)
-    want = changelog_config(settings.dedupe.ttl_s)
+    want = Retention.of_seconds(settings.dedupe.ttl_s).changelog_config()
     repl = replication or settings.topics.replication
     try:
         admin.create_topics([NewTopic(name, partitions, repl, config=want)])[name].result(timeout_s)

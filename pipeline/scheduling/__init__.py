@@ -9,7 +9,7 @@
 Wiring, in short::
 
     controller = Controller(settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime"))
-    scheduler = Scheduler(settings.scheduler, expire_lanes=..., controller=controller)
+    scheduler = Scheduler(settings.scheduler, expires=deadlines.expires, controller=controller)
 """
 
 from pipeline.scheduling.budget import Plan, Shapes

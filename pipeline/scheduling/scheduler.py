@@ -17,7 +17,7 @@ A batch is dispatched when it is full (budget or ``max_items`` reached),
 when a pending deadline cannot wait longer (deadline - predicted run time -
 margin), when a request of a lower lane has waited its lane's max wait
 (aging, so bulk never starves), or when the batch's oldest request has
-waited ``window_ms``. Before that, a request in ``expire_lanes`` that cannot
+waited ``window_ms``. Before that, a request of a lane that ``expires`` that cannot
 meet its deadline in the batch that would run now (by the controller's
 latency model) is taken out and reported in ``Plan.expired``: it never
 reaches the model. Requests of other lanes run late. While realtime work is
@@ -75,7 +75,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -118,7 +118,7 @@ class Scheduler(Generic[T]):
         self,
         settings: SchedulerSettings,
         *,
-        expire_lanes: frozenset[str],
+        expires: Callable[[str], bool],
         controller: Controller,
         lanes: Iterable[str] = LANES,
         accelerated: bool = False,
@@ -126,7 +126,8 @@ class Scheduler(Generic[T]):
         settings = settings.for_device(accelerated)  # max_items 0: auto
         self.settings = settings
         self.controller = controller
-        self.expire_lanes = frozenset(expire_lanes)
+        #: Whether a lane's hopeless requests expire (``Deadlines.expires``).
+        self.expires = expires
         self.shapes = Shapes(settings.buckets, settings.max_items)
         self.queues: LaneQueues[T] = LaneQueues(
             lanes,
@@ -333,7 +334,7 @@ class Scheduler(Generic[T]):
         hold when the capped batches would finish too few (else ``None``: as usual).
         See the module's promise. ``aged_ms``: when the first request of a lower lane
         becomes overdue."""
-        if not realtime or self.lanes[0] not in self.expire_lanes or self.settings.triage != "on":
+        if not realtime or not self.expires(self.lanes[0]) or self.settings.triage != "on":
             return [], budget, None
         s = self.settings
         lay = functools.partial(
@@ -415,7 +416,7 @@ class Scheduler(Generic[T]):
         hopeless = doomed
         gone = {id(e) for e in doomed}
         for lane in self.lanes:
-            if lane not in self.expire_lanes:
+            if not self.expires(lane):
                 continue
             for e in heads[lane]:
                 if e.deadline_ms >= safe:

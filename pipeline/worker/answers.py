@@ -5,10 +5,12 @@ order (docs/design.md, delivery rules):
 
     publish result/dead letter → await broker ack → store dedupe entry → release offset
 
-Releasing hands the input's offset to admission's per-partition watermark
-(:mod:`pipeline.worker.admission`, which also bounds each lane), which acks
-to Faust only a contiguous prefix. Each answer also feeds the metrics and the
-load shedder (realtime lateness).
+Releasing hands the input's offset back to the runtime's ledger
+(:mod:`pipeline.worker.ledger`), whose per-partition watermark acks to Faust
+only a contiguous prefix. What earlier stages must hear of an answer (its
+lateness, for load shedding; a leader's result to store, or not; a stored
+result found unusable) is emitted as an event (:mod:`pipeline.worker.events`),
+never called back.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from pipeline.codecs.avro import result_codec
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishRejected, stage_of
 from pipeline.inference import Prediction
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.settings import LANES, Settings
-from pipeline.worker.admission import Admission, LaneBounds
-from pipeline.worker.guard import Guard
+from pipeline.settings import Settings
+from pipeline.worker.events import Acked, Answered, Emit, Recompute, Unstored
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.publish import Publisher, dead_letter_record, result_record
-from pipeline.worker.records import Incoming, Request, Work, record_size
-from pipeline.worker.repeats import Repeats
+from pipeline.worker.records import Incoming, Request, Work
+from pipeline.worker.repeats import Known
 
 __all__ = ["Answers"]
 
@@ -48,61 +50,44 @@ class Answers:
         publisher: Publisher,
         ack: AckFn,
         metrics: PipelineMetrics,
-        guard: Guard,
+        ledger: Ledger,
+        emit: Emit,
+        spawn: Callable[[Awaitable[Any]], Any],
         clock_ms: Callable[[], int],
-        repeats: Repeats | None = None,
-        on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.metrics = metrics
-        self.guard = guard
-        self.repeats = repeats or Repeats(None)
+        self._ledger = ledger
+        self._emit = emit
+        self._spawn = spawn
         self._ack = ack
         self._clock_ms = clock_ms
-        # Per lane, so a flooded bulk lane never blocks realtime intake.
-        self.admission: Admission[Any] = Admission(
-            LANES,
-            LaneBounds(settings.batch.max_inflight, settings.batch.max_inflight_bytes),
-            clock_ms=clock_ms,
-            on_room=on_room,
-        )
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
 
-    def has_room(self, lane: str, size: int) -> bool:
-        """Whether ``lane`` holds few enough inputs (records and bytes) to take one more
-        of ``size`` bytes."""
-        return self.admission.has_room(lane, size)
-
-    def accept(self, incoming: Incoming) -> bool:
-        """Take an input on and track its offset (the caller asked :meth:`has_room`).
-        False when its partition was given up by a rebalance: the input is not this
-        worker's to answer any more."""
-        origin = incoming.origin
-        size = record_size(origin)
-        tp = (origin.topic, origin.partition)
-        if not self.admission.hold(incoming.lane, tp, origin.offset, size, incoming.token):
-            return False
+    def arrived(self, incoming: Incoming) -> None:
+        """Count an input taken on (the ledger holds it)."""
         self.counters["received"] += 1
         self.metrics.arrived(incoming.lane)
-        return True
 
-    def give_up(self, unstarted: list[Incoming]) -> list[Any]:
-        """Abandon ``unstarted`` inputs (a rebalance starts): they are never answered
-        here; return the tokens Faust must stop waiting for (see Admission.give_up)."""
-        return self.admission.give_up(
-            ((i.origin.topic, i.origin.partition), i.origin.offset) for i in unstarted
-        )
+    def known(self, work: Work, found: Known) -> Answer | None:
+        """Answer ``work`` from a result known already: a stored one is published by a
+        task of its own (or, unusable, the work is computed after all: ``Recompute``);
+        one computed here and not yet stored is returned, for the caller to publish
+        with its batch's."""
+        if found.prediction is not None and found.leader is not None:
+            work.served = "inflight"  # computed here, not stored yet: from memory
+            return (work, found.leader, found.prediction)
+        if found.stored is not None:
+            self._spawn(self._serve_stored(work, found.stored))
+        return None
 
-    def inflight_count(self) -> int:
-        """Inputs accepted but not yet released, over every lane."""
-        return self.admission.pending()
-
-    def oldest_unreleased_ms(self) -> int:
-        """How long the oldest input accepted and not yet answered has waited (0: none)."""
-        return self.admission.oldest_ms()
+    async def _serve_stored(self, work: Work, stored: bytes) -> None:
+        if not await self.from_store(work.incoming, work.request, stored):
+            work.stored_unusable = True  # unreadable or another version's: compute afresh
+            self._emit(Recompute(work))
 
     async def results(self, answers: list[Answer]) -> None:
         """Publish a batch's results, each ``(work, leader, prediction)``: all are handed
@@ -133,7 +118,7 @@ class Answers:
                     if left is not None:
                         left.close()  # never awaited: the worker is stopping
                     if later[0] is later[1]:
-                        self.repeats.forget(later[1])
+                        self._emit(Unstored(later[1]))
                 raise
             except Exception as exc:  # the answer path failed: the others still get theirs
                 failure = failure or exc
@@ -178,16 +163,16 @@ class Answers:
             await acked
         except PublishRejected as exc:  # surely not written
             if work is leader:
-                self.repeats.forget(leader)
+                self._emit(Unstored(leader))
             await self.dead_letter(work.incoming, exc, 1, work.request.request_id)
             return
         except BaseException:  # AnswerPathFailure: the worker is stopping; release nothing
             if work is leader:
-                self.repeats.forget(leader)
+                self._emit(Unstored(leader))
             raise
         if work is leader:
             try:
-                self.repeats.remember(leader, value)
+                self._emit(Acked(leader, value))  # stored before the input is released
             except Exception as exc:
                 # The result is out, but the store is broken (a full disk, say): stop the
                 # worker loudly with the input unreleased; it is delivered again after a
@@ -254,7 +239,7 @@ class Answers:
         self.counters["dead_letters"] += 1
         self.metrics.dead_letter(stage, incoming.lane)
         if stage == "expired":
-            self.guard.answered(self._clock_ms(), incoming.lane, late=True)
+            self._emit(Answered(incoming.lane, self._clock_ms(), late=True))
         log.info(
             "dead letter: %s[%d]@%d stage=%s %s",
             origin.topic,
@@ -281,22 +266,9 @@ class Answers:
         self.metrics.completed(
             request.lane, served, (done - request.created_at_ms) / 1000, late=late
         )
-        self.guard.answered(done, request.lane, late=late)
+        self._emit(Answered(request.lane, done, late))
         await self._release(incoming)
 
     async def _release(self, incoming: Incoming) -> None:
-        origin = incoming.origin
-        for token in self.admission.release((origin.topic, origin.partition), origin.offset):
+        for token in self._ledger.release(incoming.origin):
             await self._ack(token)
-
-    def forget_partition(self, topic: str, partition: int) -> None:
-        """Stop tracking a revoked partition's offsets; their records get redelivered."""
-        dropped = self.admission.forget((topic, partition))
-        self.metrics.forget_partition(topic, partition)
-        if dropped:
-            log.info(
-                "partition %s[%d] revoked or rewound: %d inputs in flight will be redelivered",
-                topic,
-                partition,
-                dropped,
-            )

@@ -21,7 +21,6 @@ from typing import Any
 from pipeline.errors import CircuitOpenError, InferenceError
 from pipeline.inference import InferenceEngine, Prediction
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.scheduling import Scheduler
 from pipeline.settings import Settings
 from pipeline.worker.answers import Answer, Answers
 from pipeline.worker.guard import Guard
@@ -45,9 +44,7 @@ class Ran:
 class Compute:
     """Runs batches through the model and fans the results out (see the module's promise).
 
-    ``spawn`` starts a task the worker tracks until it closes;
-    ``answer_known`` answers work whose result is known: from the store at once (or
-    requeues it), or returns the result to publish with the batch's.
+    ``spawn`` starts a task the worker tracks until it closes.
     """
 
     def __init__(
@@ -57,27 +54,23 @@ class Compute:
         engine: InferenceEngine,
         answers: Answers,
         guard: Guard,
-        scheduler: Scheduler[Work],
         metrics: PipelineMetrics,
         repeats: Repeats,
         fallback: InferenceEngine | None,
         fallback_model: tuple[str, str] | None,
         clock_ms: Callable[[], int],
         spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]],
-        answer_known: Callable[[Work, Known], Answer | None],
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.answers = answers
         self.guard = guard
-        self.scheduler = scheduler
         self.metrics = metrics
         self.repeats = repeats
         self.fallback = fallback
         self.fallback_model = fallback_model
         self._clock_ms = clock_ms
         self._spawn = spawn
-        self._answer_known = answer_known
 
     async def run_batch(
         self, batch: list[Work], *, shape: tuple[int, int] | None = None
@@ -97,7 +90,7 @@ class Compute:
         known: list[Answer] = []
 
         def answer_known(work: Work, found: Known) -> None:
-            answer = self._answer_known(work, found)
+            answer = self.answers.known(work, found)
             if answer is not None:
                 known.append(answer)  # published with the batch's other results
 

@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ["SEEKS_BEFORE_ACCEPTING", "Continuity", "Verdict"]
+__all__ = ["SEEKS_BEFORE_ACCEPTING", "Continuity", "Explains", "Verdict"]
 
 #: Seeks whose first record is the same one past the hole before it is accepted.
 SEEKS_BEFORE_ACCEPTING = 2

@@ -22,10 +22,10 @@ from typing import Generic, TypeVar
 
 __all__ = [
     "TABLE_NAME",
+    "Retention",
     "SingleFlight",
     "StoredEntry",
     "StoredResults",
-    "changelog_config",
     "changelog_topic",
 ]
 
@@ -43,19 +43,43 @@ def changelog_topic(app_id: str) -> str:
     return f"{app_id}-{TABLE_NAME}-changelog"
 
 
-def changelog_config(ttl_s: int) -> dict[str, str]:
-    """Topic config of the dedupe table's changelog: compacted, and pruned once older
-    than the TTL (an entry that old is never served, so nothing served is lost).
+@dataclass(frozen=True)
+class Retention:
+    """The dedupe TTL, and everything it decides, in one place.
 
-    Segments roll at the TTL (between a minute and a day), so a closed segment, the
-    only kind the broker deletes, exists within about TTL + one segment.
+    A stored result older than ``ttl_ms`` is never served (:meth:`fresh`, asked by
+    :class:`StoredResults` on every read) and leaves the store's two copies:
+    RocksDB drops it at compaction (:meth:`table_options`, the table's ``ttl``),
+    and the broker drops it from the changelog (:meth:`changelog_config`).
     """
-    ttl_ms = max(1, ttl_s) * 1000
-    return {
-        "cleanup.policy": "compact,delete",
-        "retention.ms": str(ttl_ms),
-        "segment.ms": str(min(max(ttl_ms, 60_000), 86_400_000)),
-    }
+
+    ttl_ms: int
+
+    @classmethod
+    def of_seconds(cls, ttl_s: int) -> Retention:
+        return cls(max(1, ttl_s) * 1000)
+
+    def fresh(self, stored_at_ms: int, now_ms: int) -> bool:
+        """Whether an entry stored at ``stored_at_ms`` may still be served at ``now_ms``."""
+        return now_ms - stored_at_ms <= self.ttl_ms
+
+    def table_options(self) -> dict[str, int]:
+        """The Faust table's RocksDB options: entries past the TTL go at compaction."""
+        return {"ttl": max(1, self.ttl_ms // 1000)}
+
+    def changelog_config(self) -> dict[str, str]:
+        """Topic config of the dedupe table's changelog: compacted, and pruned once older
+        than the TTL (an entry that old is never served, so nothing served is lost).
+
+        Segments roll at the TTL (between a minute and a day), so a closed segment, the
+        only kind the broker deletes, exists within about TTL + one segment.
+        """
+        ttl_ms = max(1000, self.ttl_ms)
+        return {
+            "cleanup.policy": "compact,delete",
+            "retention.ms": str(ttl_ms),
+            "segment.ms": str(min(max(ttl_ms, 60_000), 86_400_000)),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,20 +104,20 @@ class StoredResults:
     """Stored results keyed by content hash, over any mutable mapping of bytes.
 
     In the worker the mapping is a Faust table on the ``rocksdb://`` store;
-    ``get`` ignores entries older than ``ttl_ms`` (RocksDB's own TTL only
-    removes them at compaction) and entries of another model version, which
-    the caller checks via ``accept``.
+    ``get`` ignores entries past the ``retention``'s TTL (RocksDB's own TTL only
+    removes them at compaction); entries of another model version are the
+    answer path's to refuse.
     """
 
     def __init__(
         self,
         table: MutableMapping[bytes, bytes],
         *,
-        ttl_ms: int,
+        retention: Retention,
         clock_ms: Callable[[], int],
     ) -> None:
         self._table = table
-        self._ttl_ms = ttl_ms
+        self._retention = retention
         self._clock_ms = clock_ms
 
     def get(self, key: str) -> bytes | None:
@@ -108,7 +132,7 @@ class StoredResults:
         if raw is None:
             return None
         entry = StoredEntry.decode(raw)
-        if entry is None or self._clock_ms() - entry.stored_at_ms > self._ttl_ms:
+        if entry is None or not self._retention.fresh(entry.stored_at_ms, self._clock_ms()):
             return None
         return entry.result
 

@@ -1,17 +1,17 @@
 """Guards around the runtime: load shedding and the model's circuit breaker.
 
 The policies themselves are pure (``scheduling/degrade.py``,
-``scheduling/breaker.py``); this module feeds them what the worker sees,
-applies what they decide to the scheduler, and logs and counts every
-transition. The runtime asks it three things: which lanes shedding wants
-paused, whether the model may be called now, and how to admit a request
-(its deadline under shedding, and whether its text must be cut).
+``scheduling/breaker.py``); this module feeds them what the worker sees and
+logs and counts every transition. It changes nothing itself: what shedding
+decides is returned (:meth:`Guard.answered`, :meth:`Guard.tick`) and the
+runtime applies it, to the deadlines (``scheduling/deadlines.py``) and the
+lane gates. The runtime asks it which lanes shedding wants paused, whether
+the model may be called now, and how to cut a text under shedding.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from pipeline.observability.metrics import PipelineMetrics
@@ -29,18 +29,8 @@ _NORMAL = Shedding()
 class Guard:
     """Shedding and breaking for one runtime; every method is cheap and never raises."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        scheduler: Any,
-        metrics: PipelineMetrics,
-        on_shed: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._scheduler = scheduler
+    def __init__(self, settings: Settings, *, metrics: PipelineMetrics) -> None:
         self._metrics = metrics
-        self._on_shed = on_shed
-        self._base_expire = frozenset(scheduler.expire_lanes)
         self.shedder = LoadShedder(settings.degrade) if settings.degrade.enabled else None
         self.breaker = CircuitBreaker(settings.breaker) if settings.breaker.enabled else None
         if self.breaker is not None:
@@ -57,31 +47,28 @@ class Guard:
     def level(self) -> int:
         return self.shedder.level if self.shedder is not None else 0
 
-    def answered(self, now_ms: int, lane: str, *, late: bool) -> None:
-        """Every answer to a request: a result, or an expired dead letter (late)."""
-        if self.shedder is not None:
-            self._apply(self.shedder.observe(now_ms, lane, late))
+    def answered(self, now_ms: int, lane: str, *, late: bool) -> Shedding | None:
+        """Every answer to a request: a result, or an expired dead letter (late).
+        Returns shedding's new actions when its level changed (the caller applies them)."""
+        if self.shedder is None:
+            return None
+        return self._changed(self.shedder.observe(now_ms, lane, late))
 
-    def tick(self, now_ms: int) -> None:
-        """Call about once a second: a quiet lane must still be able to recover."""
-        if self.shedder is not None:
-            self._apply(self.shedder.poll(now_ms))
+    def tick(self, now_ms: int) -> Shedding | None:
+        """Call about once a second: a quiet lane must still be able to recover.
+        Returns shedding's new actions when its level changed."""
         if self.breaker is not None:
             self._log_breaker(self.breaker.poll(now_ms))
+        if self.shedder is None:
+            return None
+        return self._changed(self.shedder.poll(now_ms))
 
-    def deadline_ms(self, lane: str, *, arrived_ms: int, deadline_ms: int) -> int:
-        """The deadline to schedule a new request by, under the current shedding."""
-        return self.actions.deadline_ms(lane, arrived_ms=arrived_ms, deadline_ms=deadline_ms)
-
-    def _apply(self, transition: ShedTransition | None) -> None:
+    def _changed(self, transition: ShedTransition | None) -> Shedding | None:
         if transition is None:
-            return
+            return None
         log.warning("%s", transition)
-        actions = self.actions
-        extra = frozenset(lane for lane in self._scheduler.lanes if actions.expires(lane))
-        self._scheduler.expire_lanes = self._base_expire | extra
         self._metrics.shed_level(transition.to_level)
-        self._on_shed()
+        return self.actions
 
     # -- the model's circuit breaker --------------------------------------------
 

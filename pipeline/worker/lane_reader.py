@@ -1,7 +1,8 @@
 """The lane reader: fetched lane records into the runtime, realtime first, in chunks.
 
-Each fetch's lane records land in a :class:`~pipeline.worker.lane_buffer.LaneBuffer`
-in one call (``put``, from the consumer: :func:`pipeline.kafka.faust_edge.install`).
+Each fetch's lane records land in the ledger's buffer
+(:class:`~pipeline.worker.ledger.Ledger`, ``fetched``) in one call, from the
+consumer (:func:`pipeline.kafka.faust_edge.install`).
 The reader takes them from there up to :data:`CHUNK` records a pass, looking
 at the lanes in priority order on every pass, so a realtime record fetched
 behind thousands of bulk ones waits for one chunk, not for the bulk backlog.
@@ -34,6 +35,7 @@ from typing import Any
 from pipeline.settings import LANES
 from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.records import Incoming, Origin, record_size
 from pipeline.worker.runtime import Runtime
 
@@ -64,8 +66,6 @@ class Consumer:
     seek: Callable[[Any, int], Awaitable[Any]]
     #: Let the consumer commit past offsets (from, to inclusive) that do not exist.
     add_gap: Callable[[Any, int, int], Awaitable[None]]
-    #: Stop waiting for the ack of records passed over here.
-    forget: Callable[[list[Any]], None]
     #: The partition's start offset: committed, else the log's first; None once revoked.
     start_offset: Callable[[tuple[str, int]], Awaitable[int | None]]
     #: The consumer's position in ``tp``: the offset of the next record it returns.
@@ -80,17 +80,14 @@ class LaneReader:
 
     def __init__(
         self,
-        buffer: LaneBuffer,
-        lane_of_topic: dict[str, str],
+        ledger: Ledger,
         consumer: Consumer,
         *,
-        continuity: Continuity | None = None,
         spawn: Callable[[Awaitable[Any]], Any] | None = None,
         on_passed: Callable[[int, bool], None] | None = None,
     ) -> None:
-        self.buffer = buffer
-        self.continuity = continuity or Continuity()
-        self._lane_of = lane_of_topic
+        self.ledger = ledger
+        self._lane_of = ledger.lane_of_topic
         self._consumer = consumer
         self._spawn = spawn or self._track
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -98,6 +95,14 @@ class LaneReader:
         #: Told (offsets, explained) of each hole passed: a metric's source.
         self._on_passed = on_passed or (lambda count, explained: None)
         self._stopping = False
+
+    @property
+    def buffer(self) -> LaneBuffer:
+        return self.ledger.buffer
+
+    @property
+    def continuity(self) -> Continuity:
+        return self.ledger.continuity
 
     def _track(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -166,7 +171,7 @@ class LaneReader:
         if not verdict.process:
             # Not answered here (a second copy, or buffered before a seek): Faust
             # must stop waiting for its ack, or a stopping worker waits forever.
-            self._consumer.forget([record])
+            self.ledger.drop([record])
             return TAKEN
         incoming = Incoming(
             lane=lane,
@@ -180,8 +185,7 @@ class LaneReader:
             ),
             token=record,
         )
-        if not runtime.take(incoming):  # its partition was given up: not ours now
-            self._consumer.forget([record])
+        runtime.take(incoming)  # False: its partition was given up (the ledger dropped it)
         return TAKEN
 
     async def check_ends(self) -> None:
@@ -234,28 +238,19 @@ class LaneReader:
         finally:
             self._looking_up.discard(tp)
         if start is None:  # revoked while its start was looked up: not ours
-            self._consumer.forget(self.buffer.drop([tp]))
+            self.ledger.drop(self.buffer.drop([tp]))
             return
         if not self.continuity.knows(tp):
             self.continuity.start_at(tp, start)
         self.wake()
 
-    def stop(self) -> int:
-        """The worker is stopping: drop every buffered record (as :meth:`give_up`), and
-        every record fetched from now on, so its stop waits for no record it has not
-        taken on; return how many were dropped now."""
+    def stop(self) -> None:
+        """The worker is stopping: every record fetched from now on is dropped (the
+        ledger's ``give_up`` drops those buffered now), so its stop waits for no record
+        it has not taken on."""
         self._stopping = True
-        return self.give_up()
 
     def give_up(self) -> int:
-        """A rebalance starts: drop every buffered record (its offset stays uncommitted
-        and is read again after the rebalance); return how many."""
-        dropped = self.buffer.clear()
-        self._consumer.forget(dropped)
-        return len(dropped)
-
-    def revoked(self, tps: list[Any]) -> None:
-        """Partitions were revoked: drop their records; expect them anywhere next time."""
-        self._consumer.forget(self.buffer.drop(tps))
-        for tp in tps:
-            self.continuity.forget(tp)
+        """Drop every buffered record (its offset stays uncommitted and is read again
+        after the rebalance or restart); return how many."""
+        return self.ledger.give_up()[1]

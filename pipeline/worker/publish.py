@@ -167,7 +167,8 @@ class Publisher:
         self._send_nowait = send_nowait
         self.results_topic = results_topic
         self.dlq_topic = dlq_topic
-        self._on_fatal = on_fatal
+        #: Stops the worker; the runtime binds it to its events when none was given.
+        self.on_fatal = on_fatal
         self.failure: AnswerPathFailure | None = None
 
     def fail(self, failure: BaseException) -> AnswerPathFailure:
@@ -185,8 +186,8 @@ class Publisher:
                 "stay uncommitted and are delivered again after a restart",
                 failure,
             )
-            if self._on_fatal is not None:
-                self._on_fatal(failure)
+            if self.on_fatal is not None:
+                self.on_fatal(failure)
         return failure
 
     async def _send_acked(self, topic: str, key: bytes | None, value: bytes) -> None:

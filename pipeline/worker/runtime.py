@@ -8,9 +8,16 @@ flight, a twin in the same batch, all owned by :mod:`pipeline.worker.repeats`
 (asked here at intake, and again by :mod:`pipeline.worker.compute` when the
 batch is formed).
 
+The runtime owns the worker's state between the stages: the ledger of held
+offsets (:mod:`pipeline.worker.ledger`), the deadlines
+(:mod:`pipeline.scheduling.deadlines`), dedupe (:mod:`pipeline.worker.repeats`).
+A stage hands its output forward; what must go back against the flow is an
+event (:mod:`pipeline.worker.events`) that :meth:`Runtime.dispatch` routes.
+
 Faust is reached only through injected callables: the producer's send (in
-the publisher), the table the stored results live in, and ``ack`` for a
-released input.
+the publisher), the table the stored results live in, ``ack`` for a
+released input, the ledger's consumer hooks, and ``on_failure``, which stops
+the worker.
 
 A lane takes no record while it is paused (its queue at its bound, or load
 shedding), while work its full queue refused is parked, or while it holds as
@@ -36,16 +43,28 @@ from pipeline.errors import ExpiredError, PermanentError
 from pipeline.inference import InferenceEngine
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
+from pipeline.scheduling.deadlines import Deadlines
+from pipeline.scheduling.degrade import Shedding
 from pipeline.settings import LANES, Settings
-from pipeline.worker.answers import AckFn, Answer, Answers
+from pipeline.worker.answers import AckFn, Answers
 from pipeline.worker.compute import Compute
 from pipeline.worker.dedupe import StoredResults
+from pipeline.worker.events import (
+    Acked,
+    Answered,
+    AnswerPathFailed,
+    Event,
+    Recompute,
+    RoomFreed,
+    Unstored,
+)
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.guard import Guard
 from pipeline.worker.intake import parse
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.publish import Publisher
 from pipeline.worker.records import Incoming, Work
-from pipeline.worker.repeats import Known, Repeats, StoreFn
+from pipeline.worker.repeats import Repeats, StoreFn
 from pipeline.worker.writer_schemas import WriterSchemas
 
 __all__ = ["Runtime", "wall_ms"]
@@ -67,20 +86,29 @@ class Runtime:
         engine: InferenceEngine,
         publisher: Publisher,
         ack: AckFn,
+        ledger: Ledger | None = None,
         stored: StoredResults | None = None,
         store_in_context: StoreFn | None = None,
         metrics: PipelineMetrics | None = None,
         fallback: InferenceEngine | None = None,
         fallback_model: tuple[str, str] | None = None,
         clock_ms: Callable[[], int] = wall_ms,
-        forget: Callable[[list[Any]], None] | None = None,
         keys: Callable[[str], str] | None = None,
         on_room: Callable[[], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
         utilisation: Callable[[], float | None] | None = None,
         schemas: WriterSchemas | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        #: The one keeper of held offsets and lane bounds (made here when not given:
+        #: the app makes it first, as records are buffered from the first assignment).
+        self.ledger = ledger or Ledger(settings, {}, clock_ms=clock_ms)
+        self.ledger.on_room = lambda: self.dispatch(RoomFreed())
+        self._on_room = on_room or (lambda: None)
+        self._on_failure = on_failure or (lambda failure: None)
+        if publisher.on_fatal is None:
+            publisher.on_fatal = lambda failure: self.dispatch(AnswerPathFailed(failure))
         # What the controller grows the budget on: NVML's reading on a GPU (the app's
         # ``device_utilisation``); the inference thread's busy fraction otherwise.
         self._utilisation = utilisation or engine.busy_fraction
@@ -98,46 +126,46 @@ class Runtime:
         self.controller = Controller(
             settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime")
         )
+        #: The one owner of every request's deadline; shedding changes it through ``shed``.
+        self.deadlines = Deadlines(
+            {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES},
+            (lane for lane in LANES if settings.worker.expires(lane)),
+        )
         self.scheduler: Scheduler[Work] = Scheduler(
             settings.scheduler,
-            expire_lanes=frozenset(lane for lane in LANES if settings.worker.expires(lane)),
+            expires=self.deadlines.expires,
             controller=self.controller,
             accelerated=engine.overlaps,
         )
+        self.guard = Guard(settings, metrics=self.metrics)
         self.gates: LaneGates[Work] = LaneGates(
             self.scheduler,
             self.metrics,
             shed_lanes=lambda: self.guard.actions.paused_lanes,
-            on_room=on_room,
-        )
-        self.guard = Guard(
-            settings, scheduler=self.scheduler, metrics=self.metrics, on_shed=self.gates.apply
+            on_room=lambda: self.dispatch(RoomFreed()),
         )
         self.answers = Answers(
             settings,
             publisher=publisher,
             ack=ack,
             metrics=self.metrics,
-            guard=self.guard,
+            ledger=self.ledger,
+            emit=self.dispatch,
+            spawn=self._spawn,
             clock_ms=clock_ms,
-            repeats=self.repeats,
-            on_room=self.gates.room_freed,
         )
         self.compute = Compute(
             settings,
             engine=engine,
             answers=self.answers,
             guard=self.guard,
-            scheduler=self.scheduler,
             metrics=self.metrics,
             repeats=self.repeats,
             fallback=fallback,
             fallback_model=fallback_model,
             clock_ms=clock_ms,
             spawn=self._spawn,
-            answer_known=self._answer_known,
         )
-        self._lane_deadline_ms = {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES}
         self._max_tokens = settings.model.max_length
         self._wake = asyncio.Event()
         # A batch is formed at the last moment (late realtime requests get in and
@@ -151,14 +179,36 @@ class Runtime:
         self._engine_free_ms = 0.0  # when the engine is predicted to have run them all
         self._batch_done = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Giving up on a rebalance: tokens Faust must stop waiting for go to ``forget``;
-        # work parked for room in a full lane queue is unstarted too.
-        self._forget = forget or (lambda tokens: None)
         self._budget_changes = (0.0, 0.0)
 
     @property
     def counters(self) -> dict[str, int]:
         return self.answers.counters
+
+    # -- events -----------------------------------------------------------------
+
+    def dispatch(self, event: Event) -> None:
+        """Route a signal against the flow to whoever reacts to it (pipeline.worker.events);
+        synchronous: what the reaction raises reaches the emitter."""
+        match event:
+            case RoomFreed():
+                self._on_room()
+            case Answered(lane=lane, at_ms=at_ms, late=late):
+                self._shed(self.guard.answered(at_ms, lane, late=late))
+            case Acked(leader=leader, value=value):
+                self.repeats.remember(leader, value)
+            case Unstored(leader=leader):
+                self.repeats.forget(leader)
+            case Recompute(work=work):
+                self._offer(work)
+            case AnswerPathFailed(failure=failure):
+                self._on_failure(failure)
+
+    def _shed(self, shedding: Shedding | None) -> None:
+        """Load shedding changed its actions: deadlines and lane gates follow them."""
+        if shedding is not None:
+            self.deadlines.shed(shedding)
+            self.gates.apply()
 
     # -- intake ---------------------------------------------------------------
 
@@ -166,7 +216,7 @@ class Runtime:
         """Whether :meth:`take` may take a record of ``lane`` with ``size`` bytes now: the
         lane is not paused, none of its work waits for queue room, and it holds few
         enough inputs (records and bytes)."""
-        return self.gates.open(lane) and self.answers.has_room(lane, size)
+        return self.gates.open(lane) and self.ledger.has_room(lane, size)
 
     def take(self, incoming: Incoming) -> bool:
         """Take one consumed record on, at once (the caller asked :meth:`has_room`):
@@ -176,14 +226,15 @@ class Runtime:
 
         Must be called in offset order per partition.
         """
-        if not self.answers.accept(incoming):
+        if not self.ledger.hold(incoming):
             return False
+        self.answers.arrived(incoming)
         now = self._clock_ms()
         try:
             request = parse(
                 incoming.origin.value,
                 lane=incoming.lane,
-                lane_deadline_ms=self._lane_deadline_ms[incoming.lane],
+                lane_deadline_ms=self.deadlines.lane_ms(incoming.lane),
                 model_id=self.model_id,
                 limits=self.settings.validation,
                 received_at_ms=now,
@@ -200,31 +251,16 @@ class Runtime:
         known = self.repeats.recall(work)
         if known is None:
             self._offer(work)
-        elif (answer := self._answer_known(work, known)) is not None:
+        elif (answer := self.answers.known(work, known)) is not None:
             self._spawn(self.answers.results([answer]))
         return True
-
-    def _answer_known(self, work: Work, known: Known) -> Answer | None:
-        """Answer ``work`` from a stored result (a task of its own), or return the
-        result computed here and not yet stored, for the caller to publish."""
-        if known.prediction is not None and known.leader is not None:
-            work.served = "inflight"  # computed here, not stored yet: from memory
-            return (work, known.leader, known.prediction)
-        if known.stored is not None:
-            self._spawn(self._serve_stored(work, known.stored))
-        return None
-
-    async def _serve_stored(self, work: Work, stored: bytes) -> None:
-        if not await self.answers.from_store(work.incoming, work.request, stored):
-            work.stored_unusable = True  # unreadable or another version's: compute afresh
-            self._offer(work)
 
     def _offer(self, work: Work) -> None:
         """Hand work to the scheduler, through its lane's gate (parked while it is full)."""
         req = work.request
         # A cheap estimate (about four characters per token) is enough to bucket by length.
         tokens = min(self._max_tokens, len(req.text) // 4 + 2)
-        deadline = self.guard.deadline_ms(
+        deadline = self.deadlines.schedule_by(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
         self.gates.offer(Item(work, req.lane, deadline, work.arrived_ms, tokens))
@@ -321,41 +357,48 @@ class Runtime:
             m.budget_change("shrink")
         self._budget_changes = (grows, shrinks)
 
-    def give_up_unstarted(self) -> int:
-        """A rebalance starts: abandon work the model has not started (queued in the
-        scheduler, parked for room, or waiting at a paused lane's gate), so the revoke
-        waits only for running batches and answers being published. Abandoned offsets
-        stay uncommitted; the partition's next owner reads them again. Returns how
-        many inputs were abandoned."""
+    def give_up_unstarted(self, why: str = "rebalance") -> int:
+        """A rebalance starts (or the worker stops: ``why``): abandon work the model has
+        not started (queued in the scheduler, parked for room, or waiting at a paused
+        lane's gate) and every buffered record, so the revoke waits only for running
+        batches and answers being published. Abandoned offsets stay uncommitted; the
+        partition's next owner reads them again. Returns how many inputs were abandoned."""
         entries = list(self.scheduler.queues.all_entries())
         self.scheduler.queues.remove(entries)
         unstarted = [e.item.payload for e in entries] + self.gates.give_up()
-        stranded = self.answers.give_up([work.incoming for work in unstarted])
-        self._forget(stranded)
+        stranded, dropped = self.ledger.give_up([work.incoming for work in unstarted])
         self.gates.apply()
         if unstarted:
             log.info(
-                "rebalance: %d inputs not yet started given up (read again by the "
+                "%s: %d inputs not yet started given up (read again by the "
                 "partitions' next owners); %d more wait behind them",
+                why,
                 len(unstarted),
-                max(0, len(stranded) - len(unstarted)),
+                max(0, stranded - len(unstarted)),
             )
+        if dropped:
+            log.info("%s: %d buffered lane records dropped (read again after it)", why, dropped)
         return len(unstarted)
 
-    def forget_partition(self, topic: str, partition: int) -> None:
-        """Stop tracking a revoked partition's offsets; their records get redelivered."""
-        self.answers.forget_partition(topic, partition)
+    def revoked(self, tps: list[Any]) -> None:
+        """Partitions were revoked: the ledger forgets them (their records are
+        redelivered to the next owner), and so do the metrics."""
+        held = self.ledger.revoked(tps)
+        for tp in tps:
+            self.metrics.forget_partition(tp[0], tp[1])
+        if held:
+            log.info("partitions revoked or rewound: %d inputs in flight will be redelivered", held)
 
     async def housekeeping(self, interval_s: float = 1.0) -> None:
         """Once a second: let shedding recover on a quiet lane; refresh the gauges."""
         while True:
             await asyncio.sleep(interval_s)
-            self.guard.tick(self._clock_ms())
+            self._shed(self.guard.tick(self._clock_ms()))
             self.gates.apply()
             for lane in LANES:
                 self.metrics.queue_depth(lane, self.scheduler.depth(lane))
-            self.metrics.inflight(self.answers.inflight_count())
-            self.metrics.oldest_unreleased(self.answers.oldest_unreleased_ms() / 1000)
+            self.metrics.inflight(self.ledger.pending())
+            self.metrics.oldest_unreleased(self.ledger.oldest_ms() / 1000)
             self.metrics.busy_fraction(self.engine.busy_fraction())
 
     # -- lifecycle ------------------------------------------------------------

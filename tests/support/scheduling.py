@@ -34,7 +34,7 @@ def settings(**overrides: object) -> SchedulerSettings:
 
 def scheduler(expire: frozenset[str] = REALTIME, **overrides: Any) -> Scheduler[int]:
     s = settings(**overrides)
-    return Scheduler(s, expire_lanes=expire, controller=Controller(s, slo_ms=SLO_MS))
+    return Scheduler(s, expires=expire.__contains__, controller=Controller(s, slo_ms=SLO_MS))
 
 
 def item(

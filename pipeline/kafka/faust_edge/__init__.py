@@ -38,6 +38,8 @@ made here, and nowhere else:
   (:func:`seek`, :func:`position`): Faust's ``seek`` changes aiokafka's state from
   the event loop's thread, and its ``position`` can hold the consumer thread's
   method queue while a position is being reset;
+- a worker whose answer path failed stops at once, exits non-zero and waits
+  for none of the records Faust handed out (:func:`stop_worker`);
 - a full lane's partitions are paused in aiokafka itself (:func:`pause_fetch`),
   and the worker's consumer waits at most ``PIPELINE_KAFKA_FETCH_MAX_WAIT_MS``
   in a fetch (:func:`set_fetch_max_wait`): Faust's own flow control left a
@@ -59,7 +61,7 @@ The package's files: ``consumer.py``, the consumer's patches and the calls
 the lane reader makes on it (everything above but the dedupe table);
 ``passed.py``, the offsets the fetcher passed without a record;
 ``store.py``, the dedupe table's store and changelog (:class:`ChangelogStore`,
-:func:`in_partition_of`); this file, the start-up check.
+:func:`in_partition_of`); ``stop.py``, the loud stop; this file, the start-up check.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.fetcher import FetchResult, PartitionRecords
 from faust.transport.consumer import Consumer, ThreadDelegateConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types.settings import Settings as FaustSettings
+from mode import Service
 from mode.threads import ServiceThread
 
 from pipeline.errors import ConfigurationError
@@ -90,6 +94,7 @@ from pipeline.kafka.faust_edge.consumer import (
     set_fetch_max_wait,
 )
 from pipeline.kafka.faust_edge.passed import PassedOffsets
+from pipeline.kafka.faust_edge.stop import stop_worker
 from pipeline.kafka.faust_edge.store import ChangelogStore, in_partition_of
 
 __all__ = [
@@ -111,6 +116,7 @@ __all__ = [
     "seek",
     "seek_to_committed_or_start",
     "set_fetch_max_wait",
+    "stop_worker",
 ]
 
 #: The faust-streaming release these patches were written and tested against.
@@ -186,6 +192,14 @@ def check(
         if f"self.{name}" not in _init_source(cls)
     ]
     missing += [f"{c.__name__}.{name}" for c, name in _AIOKAFKA_METHODS if not hasattr(c, name)]
+    # stop_worker: Faust's setting, mode's crash reason and the service's beacon.
+    missing += [
+        f"{cls.__name__}.{name}"
+        for cls, name in ((FaustSettings, "stream_wait_empty"), (Service, "crash_reason"))
+        if not hasattr(cls, name)
+    ]
+    if "self.beacon" not in inspect.getsource(Service):
+        missing.append("mode.Service.beacon")
     for name in ("set_persisted_offset", "_db_for_partition"):
         if not hasattr(store, name):
             missing.append(f"faust.stores.rocksdb.Store.{name}")

@@ -37,10 +37,9 @@ from pipeline.errors import (
 )
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import RegistrySettings, Settings, ValidationSettings
-from pipeline.worker.admission import LaneBounds
 from pipeline.worker.intake import parse
-from pipeline.worker.lane_buffer import LaneBuffer
 from pipeline.worker.lane_reader import Consumer, LaneReader
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.runtime import Runtime
 from pipeline.worker.writer_schemas import WriterSchemas
 
@@ -255,9 +254,8 @@ def test_the_reader_holds_a_partition_until_the_registry_answers() -> None:
         broker = InstantBroker()
         metrics = PipelineMetrics(process_collectors=False)
         schemas = WriterSchemas(settings.registry, metrics, fetch=registry)
-        buffer = LaneBuffer(
-            LANE_OF, LaneBounds(100, 10**6), pause=lambda tp: None, resume=lambda tp: None
-        )
+        ledger = Ledger(settings, LANE_OF, clock_ms=lambda: 0)
+        buffer = ledger.buffer
 
         async def start(tp: Any) -> int:
             return 0
@@ -266,12 +264,10 @@ def test_the_reader_holds_a_partition_until_the_registry_answers() -> None:
             return None
 
         reader = LaneReader(
-            buffer,
-            LANE_OF,
+            ledger,
             Consumer(
                 seek=nothing,
                 add_gap=nothing,
-                forget=lambda records: None,
                 start_offset=start,
                 position=nothing,
                 pass_end=lambda tp, low, high: None,
@@ -282,6 +278,7 @@ def test_the_reader_holds_a_partition_until_the_registry_answers() -> None:
             engine=LengthEngine(),  # type: ignore[arg-type]
             publisher=broker.publisher(),
             ack=nothing,
+            ledger=ledger,
             metrics=metrics,
             on_room=reader.wake,
             schemas=schemas,

@@ -54,7 +54,7 @@ def test_every_item_comes_out_once_within_caps_in_edf_order(
 ) -> None:
     config, expire, items = workload
     sched: Scheduler[int] = Scheduler(
-        config, expire_lanes=expire, controller=Controller(config, slo_ms=200)
+        config, expires=expire.__contains__, controller=Controller(config, slo_ms=200)
     )
     plans = drive(
         sched, items, lambda plan: 5 + ms_per_token * plan.padded_tokens, utilisation=utilisation

@@ -136,6 +136,7 @@ def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_bat
 
     from pipeline.kafka.client import request_bytes
     from pipeline.settings import Settings
+    from pipeline.worker.ledger import Ledger
     from pipeline.worker.publish import Publisher
     from pipeline.worker.records import Incoming, Origin
     from pipeline.worker.runtime import Runtime
@@ -172,7 +173,7 @@ def test_the_worker_core_gives_up_queued_work_and_waits_only_for_the_running_bat
             engine=engine,  # type: ignore[arg-type]
             publisher=Publisher(send, results_topic="res", dlq_topic="dlq"),
             ack=ack,
-            forget=forgotten.extend,
+            ledger=Ledger(settings, {}, clock_ms=lambda: 0, forget=forgotten.extend),
         )
         loop = asyncio.ensure_future(runtime.run())
         for offset in range(2):

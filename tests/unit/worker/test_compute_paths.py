@@ -21,7 +21,7 @@ from pipeline.errors import InferenceError
 from pipeline.inference import BatchOutcome, Outcome, Prediction
 from pipeline.kafka.client import request_bytes
 from pipeline.settings import RetrySettings, Settings
-from pipeline.worker.dedupe import StoredResults
+from pipeline.worker.dedupe import Retention, StoredResults
 from pipeline.worker.intake import parse
 from pipeline.worker.publish import Publisher, backoff_ms
 from pipeline.worker.records import Incoming, Origin, Work
@@ -75,7 +75,9 @@ class _Rig:
             engine=self.model,  # type: ignore[arg-type]
             publisher=Publisher(self._send, results_topic="res", dlq_topic="dlq"),
             ack=self._release,
-            stored=StoredResults(self.table, ttl_ms=3_600_000, clock_ms=lambda: self.now),
+            stored=StoredResults(
+                self.table, retention=Retention(3_600_000), clock_ms=lambda: self.now
+            ),
             fallback=fallback,  # type: ignore[arg-type]
             fallback_model=("fallback-model", "9") if fallback is not None else None,
             clock_ms=lambda: self.now,
@@ -170,7 +172,7 @@ def test_a_request_late_when_its_batch_runs_is_computed_the_scheduler_alone_expi
             limits=rig.settings.validation,
             received_at_ms=rig.now,
         )
-        assert rig.runtime.answers.accept(incoming)
+        assert rig.runtime.ledger.hold(incoming)
         rig.now += 51  # the deadline passed while the batch waited for the model
         ran = await rig.runtime.compute.run_batch([Work(incoming, request, rig.now - 51)])
         assert ran is not None  # it reached the model

@@ -18,7 +18,7 @@ from pipeline.codecs.avro import result_codec
 from pipeline.codecs.keys import InputKeys
 from pipeline.kafka.client import request_bytes
 from pipeline.settings import Settings
-from pipeline.worker.dedupe import StoredEntry, StoredResults
+from pipeline.worker.dedupe import Retention, StoredEntry, StoredResults
 from pipeline.worker.records import Incoming, Origin
 from pipeline.worker.runtime import Runtime
 
@@ -52,7 +52,7 @@ class _Rig:
         self.settings = Settings.from_env(
             {"PIPELINE_SCHEDULER_WINDOW_MS": "0", "PIPELINE_WORKER_EXPIRE_LANES": "", **(env or {})}
         )
-        self.store = StoredResults(table, ttl_ms=3_600_000, clock_ms=lambda: self.now)
+        self.store = StoredResults(table, retention=Retention(3_600_000), clock_ms=lambda: self.now)
         self.runtime = Runtime(
             self.settings,
             engine=self.model,  # type: ignore[arg-type]

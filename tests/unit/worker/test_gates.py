@@ -17,7 +17,7 @@ from pipeline.worker.gates import LaneGates
 def _gates(queue_size: int = 2) -> tuple[LaneGates[str], set[str], list[str]]:
     settings = dataclasses.replace(SchedulerSettings(), queue_size=queue_size)
     scheduler: Scheduler[str] = Scheduler(
-        settings, expire_lanes=frozenset(), controller=Controller(settings, slo_ms=200)
+        settings, expires=lambda lane: False, controller=Controller(settings, slo_ms=200)
     )
     shed: set[str] = set()
     woken: list[str] = []

@@ -23,6 +23,7 @@ from pipeline.worker.admission import LaneBounds
 from pipeline.worker.continuity import Continuity
 from pipeline.worker.lane_buffer import SKIP, STOP, TAKEN, LaneBuffer
 from pipeline.worker.lane_reader import CHUNK, Consumer, LaneReader
+from pipeline.worker.ledger import Ledger
 from pipeline.worker.records import Incoming
 from pipeline.worker.runtime import Runtime
 
@@ -244,19 +245,20 @@ class _Rig:
         self.resumed: list[Any] = []
         self.positions: dict[Any, int] = {}  # the consumer's position per partition
         self.passed: list[tuple[Any, int, int]] = []  # pass_end calls
-        self.buffer = LaneBuffer(
+        self.ledger = Ledger(
+            self.settings,
             LANE_OF,
-            LaneBounds(self.settings.batch.stream_buffer, self.settings.batch.max_inflight_bytes),
+            clock_ms=lambda: 0,
             pause=self.paused.append,
             resume=self.resumed.append,
+            forget=self.forgotten.extend,
         )
+        self.buffer = self.ledger.buffer
         self.reader = LaneReader(
-            self.buffer,
-            LANE_OF,
+            self.ledger,
             Consumer(
                 seek=self._seek,
                 add_gap=self._add_gap,
-                forget=self.forgotten.extend,
                 start_offset=self._start_offset,
                 position=self._position,
                 pass_end=lambda tp, low, high: self.passed.append((tp, low, high)),
@@ -267,7 +269,7 @@ class _Rig:
             engine=LengthEngine(),  # type: ignore[arg-type]
             publisher=self.broker.publisher(),
             ack=self._release,
-            forget=self.forgotten.extend,
+            ledger=self.ledger,
             on_room=self.reader.wake,
         )
         self.runtime.taken = []
@@ -468,7 +470,7 @@ def test_offsets_passed_at_a_partitions_end_are_sought_for_then_passed() -> None
 
     async def body(rig: _Rig) -> None:
         clock = [0.0]
-        rig.reader.continuity = Continuity(reseek_after_ms=2000, clock_ms=lambda: clock[0])
+        rig.ledger.continuity = Continuity(reseek_after_ms=2000, clock_ms=lambda: clock[0])
         rig.read()
         batches = rig.batch()
         tp = TP(STD, 0)
@@ -511,7 +513,8 @@ def test_a_stopping_reader_drops_what_is_buffered_and_what_arrives_after() -> No
         await until(lambda: len(rig.taken()) == 2, "two records")
         held = [request(STD, 0, o) for o in range(2, 5)]
         rig.buffer.put(held)
-        assert rig.reader.stop() == 3  # no await since the put: the reader took none
+        rig.reader.stop()
+        assert rig.ledger.give_up() == (0, 3)  # no await since the put: the reader took none
         late = [request(STD, 0, o) for o in range(5, 7)]
         rig.buffer.put(late)
         await until(lambda: rig.buffer.pending() == 0, "the late records dropped")

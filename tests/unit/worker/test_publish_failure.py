@@ -176,11 +176,11 @@ def test_an_unreleased_input_shows_its_age() -> None:
             clock_ms=lambda: now[0],
             metrics=PipelineMetrics(process_collectors=False),
         )
-        before = runtime.answers.oldest_unreleased_ms()
+        before = runtime.ledger.oldest_ms()
         origin = Origin("lane.standard", 0, 7, 0, None, b"not a request")
         await submit(runtime, Incoming(lane="standard", origin=origin, token=7))
         now[0] += 90_000
-        age = runtime.answers.oldest_unreleased_ms()
+        age = runtime.ledger.oldest_ms()
         await runtime.close(0.1)
         return before, age
 
