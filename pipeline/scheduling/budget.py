@@ -23,16 +23,32 @@ Assembly order, each step in earliest-deadline-first order within a lane:
 2. realtime, any length;
 3. overdue requests again, in the room realtime left unused;
 4. standard, then bulk, by length affinity to the batch's (or the first
-   request's) bucket: first requests in that bucket, then requests one
-   bucket away while the batch stays at most half padding. Longer or shorter
-   ones lead a batch of their own later.
+   request's) bucket: first requests in that bucket, then requests of other
+   buckets, nearest first. With a cost model (``cost_ms``: the controller's
+   latency model, learned from the device) one joins only if it does not
+   raise the batch's predicted time per real token: its own tokens must pay
+   for the padding it adds (its rows up to a longer one's length, or the
+   whole batch up to its own), so where a batch's fixed cost dominates (a
+   GPU's launch, a small batch) lengths mix freely, and where every padded
+   token costs (a device that is the bottleneck, a full batch) a batch keeps
+   to nearly one length, as the model alone does with the whole workload
+   sorted. Without one, requests one bucket away join while the batch stays
+   at most half padding. Those left out lead a batch of their own later.
+
+Under a backlog, steps 1 and 2 follow length too. When more overdue requests
+are pending than one batch holds (their lanes' aging bounds cannot all be
+kept), the one with the earliest deadline, late or not, anchors the batch and
+the others join by length as in step 4; when more realtime is pending than one
+batch holds, the most urgent and those that cannot wait for the next batch get
+in, the others by length (with a cost model). Otherwise both go in whatever
+their length.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -171,11 +187,15 @@ def assemble(
     realtime_share: float,
     urgency: Mapping[int, int],
     heads: Mapping[str, list[Entry[T]]] | None = None,
+    cost_ms: Callable[[int], float] | None = None,
+    urgent_ms: float = -math.inf,
 ) -> Draft[T]:
     """Assemble the batch that would run now (see the module's promise) from ``heads``
     (each lane's queue, or the part of it to look at); ``urgency`` says, by ``id``, how
-    overdue each request of the lower lanes there is (``ON_TIME``, ``LATE``, ``DUE``).
-    Mutates nothing."""
+    overdue each request of the lower lanes there is (``ON_TIME``, ``LATE``, ``DUE``);
+    ``cost_ms``: a batch's predicted time from its padded tokens (None: the padding
+    rule); ``urgent_ms``: a realtime request due before it cannot wait for the next
+    batch. Mutates nothing."""
     top, *others = queues.lanes
     if heads is None:
         heads = {lane: queues.entries(lane) for lane in queues.lanes}
@@ -196,10 +216,20 @@ def assemble(
         items_cap = max_items - max(rt_rows, share_rows)
         rt_bucket = max(e.bucket for e in realtime[:rt_rows])
     share_tokens = int(realtime_share * budget)
+    # More overdue requests than one batch holds (a backlog past its lanes' aging bounds,
+    # which no batch can keep for all): the batch is anchored at the overdue request with
+    # the earliest deadline, late or not (so none waits forever), and the others join by
+    # length, as the rest do in step 4: it then serves more of them. Taken in deadline
+    # order whatever their length, such batches were 0.5-0.86 padding (the bench's
+    # saturated phase replayed through the scheduler at the slow device's cost).
+    crowd = _crowded(late, shapes, budget, max_items)
+    if crowd:
+        late.sort()
+        late[1:] = _nearest_first(late[1:], late[0].bucket)
     anchor = late[0].bucket if late else -1
 
     def joins(e: Entry[T]) -> bool:
-        return urgency[id(e)] == DUE or _affine(draft, e, anchor)
+        return (urgency[id(e)] == DUE and not crowd) or _affine(draft, e, anchor, cost_ms)
 
     for e in late:  # 1
         if not draft.entries:
@@ -214,7 +244,7 @@ def assemble(
             rows = len(draft) + 1
             if rows <= items_cap and rows * seq <= tokens_cap and joins(e):
                 draft.add(e)
-    _fill(draft, realtime)  # 2
+    _fill_realtime(draft, realtime, cost_ms=cost_ms, urgent_ms=urgent_ms)  # 2
     _fill(draft, (e for e in late if joins(e)))  # 3
     taken = draft._taken
     rest = [e for lane in others for e in heads[lane] if id(e) not in taken]
@@ -226,20 +256,81 @@ def assemble(
     _fill(draft, (e for e in rest if e.bucket == anchor))  # 4a
     if draft.full:
         return draft
-    near = [e for e in rest if abs(e.bucket - anchor) == 1]
-    _fill(draft, (e for e in near if _affine(draft, e, anchor)))  # 4b
+    if cost_ms is None:
+        near = [e for e in rest if abs(e.bucket - anchor) == 1]
+        _fill(draft, (e for e in near if _affine(draft, e, anchor, None)))  # 4b
+    else:
+        _fill_by_length(draft, rest, anchor, cost_ms)  # 4b
     return draft
 
 
-def _affine(draft: Draft[T], entry: Entry[T], anchor: int) -> bool:
+def _fill_realtime(
+    draft: Draft[T],
+    realtime: list[Entry[T]],
+    *,
+    cost_ms: Callable[[int], float] | None,
+    urgent_ms: float,
+) -> None:
+    """Step 2: realtime in deadline order, any length; but with more pending than one
+    batch holds (some waits for the next batch whatever this one takes), those that
+    cannot wait (a deadline before ``urgent_ms``) and the most urgent get in, the others
+    by length, so a long text does not pad thirty short ones (9 rows of 192 tokens,
+    0.8 padding, on the simulated slow device)."""
+    if cost_ms is None or not _crowded(realtime, draft.shapes, draft.budget, draft.max_items):
+        _fill(draft, realtime)
+        return
+    _fill(draft, (e for e in realtime if e is realtime[0] or e.deadline_ms < urgent_ms))
+    near = _nearest_first(realtime, draft.index)
+    _fill(draft, (e for e in near if _affine(draft, e, draft.index, cost_ms)))
+
+
+def _fill_by_length(
+    draft: Draft[T], rest: list[Entry[T]], anchor: int, cost_ms: Callable[[int], float]
+) -> None:
+    """Step 4b with a cost model: requests of other buckets, nearest first, on each side
+    until a bucket admits none (one farther pads more, or brings fewer tokens)."""
+    by_bucket: dict[int, list[Entry[T]]] = {}
+    for e in rest:
+        if e.bucket != anchor:
+            by_bucket.setdefault(e.bucket, []).append(e)
+    for side in sorted(by_bucket, key=lambda b: (abs(b - anchor), b)):
+        if draft.full:
+            return
+        rows = len(draft)
+        _fill(draft, (e for e in by_bucket[side] if _affine(draft, e, anchor, cost_ms)))
+        if len(draft) == rows:
+            for b in [b for b in by_bucket if (b - anchor) * (side - anchor) > 0]:
+                by_bucket[b] = []
+
+
+def _nearest_first(entries: Iterable[Entry[T]], anchor: int) -> list[Entry[T]]:
+    """``entries`` by their bucket's distance from ``anchor``, in their order within one."""
+    return sorted(entries, key=lambda e: abs(e.bucket - anchor))
+
+
+def _crowded(entries: Sequence[Entry[T]], shapes: Shapes, budget: int, max_items: int) -> bool:
+    """Whether ``entries`` are more than one batch holds, padded to the longest of them."""
+    if len(entries) > max_items:
+        return True
+    return bool(entries) and len(entries) * shapes.seq_len(max(e.bucket for e in entries)) > budget
+
+
+def _affine(
+    draft: Draft[T], entry: Entry[T], anchor: int, cost_ms: Callable[[int], float] | None
+) -> bool:
     """Whether ``entry`` is close enough in length to ride with a batch anchored at
-    bucket ``anchor``: the same bucket, or one bucket away while the batch stays at
-    most ``MAX_AFFINITY_PADDING`` padding."""
+    bucket ``anchor``: the same bucket; with ``cost_ms``, any bucket while the batch's
+    predicted time per real token does not rise; without, one bucket away while the
+    batch stays at most ``MAX_AFFINITY_PADDING`` padding."""
     if entry.bucket == anchor:
         return True
+    padded, real = draft.cost_with(entry)
+    if cost_ms is not None:
+        if not draft.entries:
+            return True
+        return cost_ms(padded) * draft.real <= cost_ms(draft.padded) * real
     if abs(entry.bucket - anchor) != 1:
         return False
-    padded, real = draft.cost_with(entry)
     return 1 - real / padded <= MAX_AFFINITY_PADDING
 
 

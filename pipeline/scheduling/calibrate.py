@@ -20,6 +20,7 @@ from typing import Protocol
 from pipeline.inference.outcome import BatchOutcome
 from pipeline.scheduling import Controller
 from pipeline.scheduling.budget import Shapes
+from pipeline.scheduling.tokens import estimate_tokens
 
 __all__ = ["SHAPES", "calibrate", "sample_text"]
 
@@ -40,13 +41,13 @@ class _Runs(Protocol):
 
 
 def sample_text(tokens: int, n: int = 0) -> str:
-    """A plain English text of at most ``tokens`` tokens by the scheduler's estimate
-    (four characters a token, plus two), and within a word of it; ``n`` makes it
+    """A plain English text of at most ``tokens`` tokens by the worker's estimate
+    (:func:`~.tokens.estimate_tokens`), and within a word of it; ``n`` makes it
     unique. Never over: with fine buckets a word more is the next bucket."""
     text, i = f"calibration {n}:", 1
     while True:
         longer = f"{text} {_WORDS[i % len(_WORDS)]}"
-        if len(longer) // 4 + 2 > tokens:
+        if estimate_tokens(longer, tokens + 1) > tokens:
             return text
         text, i = longer, i + 1
 

@@ -406,6 +406,8 @@ class Scheduler(Generic[T]):
             realtime_share=s.realtime_share,
             urgency=urgency,
             heads=heads if first is None else {**heads, top: first},
+            cost_ms=self.controller.predict_ms,  # lengths mix where it pays (budget.py)
+            urgent_ms=start + 2 * lead,  # this batch and the next at the full budget
         )
         # Expiring requests that would miss their deadline even if they ran in
         # this batch (the batch that would run now, or they alone if longer). Heads

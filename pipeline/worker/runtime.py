@@ -45,6 +45,7 @@ from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Controller, Item, Plan, Scheduler
 from pipeline.scheduling.deadlines import Deadlines
 from pipeline.scheduling.degrade import Shedding
+from pipeline.scheduling.tokens import estimate_tokens
 from pipeline.settings import LANES, Settings
 from pipeline.worker.answers import AckFn, Answers
 from pipeline.worker.compute import Compute
@@ -258,8 +259,8 @@ class Runtime:
     def _offer(self, work: Work) -> None:
         """Hand work to the scheduler, through its lane's gate (parked while it is full)."""
         req = work.request
-        # A cheap estimate (about four characters per token) is enough to bucket by length.
-        tokens = min(self._max_tokens, len(req.text) // 4 + 2)
+        # An estimate is enough to bucket by length (scheduling.tokens: words and pieces).
+        tokens = estimate_tokens(req.text, self._max_tokens)
         deadline = self.deadlines.schedule_by(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )

@@ -17,6 +17,7 @@ from pipeline.scheduling import Controller
 from pipeline.scheduling.budget import Shapes
 from pipeline.scheduling.calibrate import SHAPES, calibrate, sample_text
 from pipeline.scheduling.controller import LatencyModel
+from pipeline.scheduling.tokens import estimate_tokens
 from pipeline.settings import ModelSettings, SchedulerSettings
 
 
@@ -56,7 +57,7 @@ def test_sample_texts_land_in_the_intended_bucket() -> None:
 def _land_in_their_bucket(shapes: Shapes) -> None:
     for _rows, tokens in SHAPES:
         text = sample_text(tokens, 3)
-        estimate = len(text) // 4 + 2  # the worker's estimate at intake
+        estimate = estimate_tokens(text, 256)  # the worker's estimate at intake
         assert shapes.seq_index(estimate) == shapes.seq_index(tokens), (tokens, estimate)
     assert sample_text(24, 1) != sample_text(24, 2)
 
