@@ -2,7 +2,8 @@
 
 :func:`model_fingerprint` hashes everything that changes a model's answer to a
 text: the files of the model folder (weights, config, tokenizer), the task and
-how its output is formed (pooling, normalisation), the effective token limit,
+how its output is formed (pooling, normalisation: its ``answer_form``,
+:mod:`pipeline.settings.tasks`), the effective token limit,
 the device kind and the weights' dtype (float32 unless ``PIPELINE_MODEL_DTYPE``
 or a CUDA device says otherwise; the simulated device's profile), the
 transformers/tokenizers/torch versions that run it, and the configured
@@ -28,15 +29,9 @@ import threading
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["ANSWER_FORMS", "CONTENT_LIMIT", "files_digest", "model_fingerprint"]
+from pipeline.settings.tasks import task_of
 
-#: How each task turns the network's output into an answer. Change the text when
-#: the code in ``model.py`` changes it: stored answers of the old form are then ignored.
-ANSWER_FORMS: dict[str, str] = {
-    "embed": "last_hidden_state, attention-mask mean pooling, L2 normalisation",
-    "classify": "logits, softmax, top label and its probability",
-    "noop": "a fixed embedding",
-}
+__all__ = ["CONTENT_LIMIT", "files_digest", "model_fingerprint"]
 
 #: Files up to this size are hashed by content; larger ones by name, size and mtime.
 CONTENT_LIMIT = 512 * 1024 * 1024
@@ -106,7 +101,7 @@ def model_fingerprint(
     parts = [
         f"model_id={model_id}",
         f"task={task}",
-        f"answer={ANSWER_FORMS.get(task, task)}",
+        f"answer={task_of(task).answer_form}",
         f"max_length={max_length}",
         f"device={device_type}",
     ]

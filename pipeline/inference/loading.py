@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.codecs.keys import InputKeys
 from pipeline.errors import ConfigurationError
 from pipeline.inference.fingerprint import model_fingerprint
-from pipeline.inference.types import TASKS, NoopModel
+from pipeline.inference.types import NoopModel
 from pipeline.settings import ModelSettings
+from pipeline.settings.tasks import task_of
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +136,7 @@ def check_model_settings(settings: ModelSettings) -> tuple[str, Path, str]:
 def uses_process(settings: ModelSettings) -> bool:
     """Whether ``settings`` run the network in a process of its own (``process``;
     auto: on for every model, off for the no-op model, which has none)."""
-    return settings.task != "noop" and settings.process != "off"
+    return task_of(settings.task).runs_model and settings.process != "off"
 
 
 def resolve_dtype(settings: ModelSettings, device: torch.device) -> torch.dtype:
@@ -160,15 +161,12 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
     unknown task or device, a missing folder, or one transformers cannot load
     with a fast tokenizer.
     """
-    if settings.task not in TASKS:
-        raise ConfigurationError(
-            f"PIPELINE_MODEL_TASK={settings.task!r}: expected one of {', '.join(TASKS)}"
-        )
-    if settings.task == "noop":
-        name, max_length = settings.name or "noop", max(1, settings.max_length)
+    task = task_of(settings.task)
+    if not task.runs_model:
+        name, max_length = settings.name or task.name, max(1, settings.max_length)
         fingerprint = model_fingerprint(
             model_id=f"{name}@{settings.version}",
-            task="noop",
+            task=task.name,
             max_length=max_length,
             device_type="cpu",
             folder=None,
@@ -198,11 +196,8 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
 
     import transformers
 
-    auto = (
-        transformers.AutoModel
-        if settings.task == "embed"
-        else transformers.AutoModelForSequenceClassification
-    )
+    assert task.auto_class is not None and task.output is not None, task
+    auto = getattr(transformers, task.auto_class)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
             str(folder), use_fast=True, local_files_only=True
@@ -221,7 +216,7 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
             "convert it with transformers' AutoTokenizer(...).save_pretrained()"
         )
     missing = sorted(info.get("missing_keys") or ())
-    if settings.task == "classify" and missing:
+    if task.trained_head and missing:
         raise ConfigurationError(
             f"model folder {str(folder)!r} has no trained classification head (missing "
             f"{', '.join(missing[:4])}); use task 'embed' or a sequence-classification model"
@@ -231,9 +226,8 @@ def load_model(settings: ModelSettings) -> Model | NoopModel | RemoteModel:
     network.to(device=device, dtype=dtype)
     runnable: Any = network
     if settings.trace == "on" or (settings.trace == "auto" and device.type == "cpu"):
-        output = "last_hidden_state" if settings.task == "embed" else "logits"
         try:
-            runnable = traced(network, tokenizer, device, output=output)
+            runnable = traced(network, tokenizer, device, output=task.output)
             log.info("model network traced (TorchScript); PIPELINE_MODEL_TRACE=off runs it eager")
         except RuntimeError as exc:
             log.warning("model network left eager: %s", exc)

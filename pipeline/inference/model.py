@@ -47,6 +47,7 @@ from pipeline.inference.types import (
     NoopModel,
     Prediction,
 )
+from pipeline.settings.tasks import task_of
 
 __all__ = [
     "NOOP_EMBEDDING",
@@ -82,6 +83,8 @@ class Model:
         self.fingerprint = fingerprint
         self.version = version
         self.task = task
+        #: Whether answers are embeddings (else a label and its score): the task's own say.
+        self._embeds = task_of(task).embeds
         self.device = device
         self.timing = ForwardTiming()
         self.max_length = max_length
@@ -210,12 +213,12 @@ class Model:
                     tensor.record_stream(stream)
             inputs = {k: v.to(self.device, non_blocking=True) for k, v in enc.tensors.items()}
             output = self._network(**inputs)
-            if self.task == "embed":
+            if self._embeds:
                 normed = self._pool(output.last_hidden_state[:n], inputs["attention_mask"][:n])
             else:
                 top = self._top(output.logits[:n])
         # The copy back, once per batch, waits for the device: outside the launch lock.
-        preds = self._embeddings(normed) if self.task == "embed" else self._labelled(top)
+        preds = self._embeddings(normed) if self._embeds else self._labelled(top)
         assert len(preds) == len(enc.texts), "one prediction per text"
         self.timing.add(time.perf_counter() - t0, None)
         return preds

@@ -122,7 +122,7 @@ class SimModel(Model):
             self._rows = np.zeros((max(n, 2 * self._rows.shape[0]), p.dim), np.float32)
             self._rows[:, 0] = 1.0
         out = self._rows[:n].copy()  # the readback: rows x dim float32, once per batch
-        if self.task == "embed":
+        if self._embeds:
             preds = [Prediction(embedding=row.tobytes()) for row in out]
         else:
             preds = [Prediction(label=self._labels.get(0, "LABEL_0"), score=1.0)] * n

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.codecs.keys import InputKeys
+from pipeline.settings.tasks import TASKS
 
 __all__ = [
     "NOOP_EMBEDDING",
@@ -28,9 +29,6 @@ __all__ = [
     "NoopModel",
     "Prediction",
 ]
-
-#: The tasks a model can run.
-TASKS: tuple[str, ...] = ("embed", "classify", "noop")
 
 #: What the ``noop`` task answers for every text (unit length, like a real embedding).
 NOOP_EMBEDDING: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)

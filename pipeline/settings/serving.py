@@ -9,6 +9,8 @@ from pathlib import Path
 from pipeline.errors import ConfigurationError
 from pipeline.settings._fields import _default_cache, _field
 from pipeline.settings.lanes import LANES
+from pipeline.settings.tasks import TASK_NAMED, TASKS
+from pipeline.settings.tasks import help_text as task_help
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +44,7 @@ class ModelSettings:
     path: str = _field("", "Hugging Face model folder; empty means the bundled all-MiniLM-L6-v2")
     name: str = _field("", "model name reported in results; empty means derived from the path")
     version: str = _field("1", "model version; stored results of another version are ignored")
-    task: str = _field(
-        "embed",
-        "embed (mean-pooled, L2-normalised), classify (label, score), or noop (no model: a "
-        "fixed tiny embedding, to measure the pipeline's own cost)",
-    )
+    task: str = _field(TASKS[0], task_help())
     device: str = _field(
         "auto",
         "auto, cpu, cuda, or sim: a simulated accelerator (the real tokenizer and padding, "
@@ -145,8 +143,9 @@ class ModelSettings:
         """The model's name in results: ``name``, else the folder's name."""
         if self.name:
             return self.name
-        if self.task == "noop":  # never shares content hashes or stored results with a model
-            return "noop"
+        task = TASK_NAMED.get(self.task)
+        if task is not None and not task.runs_model:  # shares no stored results with a model
+            return task.name
         return Path(self.path).name if self.path else "all-MiniLM-L6-v2"
 
     @property

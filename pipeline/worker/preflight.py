@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import ConfigurationError
 from pipeline.settings import Settings
+from pipeline.settings.tasks import task_of
 
 __all__ = ["preflight"]
 
@@ -27,14 +28,9 @@ def preflight(settings: Settings, *, ports: bool = True) -> None:
     ``settings`` a worker could not start with; ``ports=False`` skips the ports (for a
     process that imports the app without serving, e.g. ``faust -A pipeline.app agents``)."""
     from pipeline.inference.loading import check_model_settings
-    from pipeline.inference.types import TASKS
 
     model = settings.model
-    if model.task not in TASKS:
-        raise ConfigurationError(
-            f"PIPELINE_MODEL_TASK={model.task!r}: expected one of {', '.join(TASKS)}"
-        )
-    if model.task != "noop":
+    if task_of(model.task).runs_model:
         check_model_settings(model)
     if settings.breaker.enabled and settings.breaker.fallback_model_path:
         fallback = dataclasses.replace(model, path=settings.breaker.fallback_model_path)
