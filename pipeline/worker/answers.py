@@ -22,7 +22,6 @@ from typing import Any
 
 from pipeline.codecs.avro import result_codec
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishRejected, stage_of
-from pipeline.inference import Prediction
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import Settings
 from pipeline.worker.events import Acked, Answered, Emit, Recompute, Unstored
@@ -36,8 +35,6 @@ __all__ = ["Answers"]
 log = logging.getLogger(__name__)
 
 AckFn = Callable[[Any], Awaitable[None]]
-#: One result to publish: (work, the leader that computed it, its prediction).
-Answer = tuple[Work, Work, Prediction]
 
 
 class Answers:
@@ -72,14 +69,14 @@ class Answers:
         self.counters["received"] += 1
         self.metrics.arrived(incoming.lane)
 
-    def known(self, work: Work, found: Known) -> Answer | None:
+    def known(self, work: Work, found: Known) -> Work | None:
         """Answer ``work`` from a result known already: a stored one is published by a
         task of its own (or, unusable, the work is computed after all: ``Recompute``);
         one computed here and not yet stored is returned, for the caller to publish
         with its batch's."""
         if found.prediction is not None and found.leader is not None:
             work.served = "inflight"  # computed here, not stored yet: from memory
-            return (work, found.leader, found.prediction)
+            return work.answered_by(found.leader, found.prediction)
         if found.stored is not None:
             self._spawn(self._serve_stored(work, found.stored))
         return None
@@ -89,43 +86,43 @@ class Answers:
             work.stored_unusable = True  # unreadable or another version's: compute afresh
             self._emit(Recompute(work))
 
-    async def results(self, answers: list[Answer]) -> None:
-        """Publish a batch's results, each ``(work, leader, prediction)``: all are handed
-        to the producer first, then each acknowledgement is awaited in turn, the leader
-        of a computation stores its result (:meth:`Repeats.remember`), and the input is
-        released. One task for the batch, not one per input: a noop worker spent about a
-        tenth of its time making and running those.
+    async def results(self, answers: list[Work]) -> None:
+        """Publish a batch's results, each a work with its ``prediction`` and ``leader``
+        set (:meth:`Work.answered_by`): all are handed to the producer first, then each
+        acknowledgement is awaited in turn, the leader of a computation has its result
+        stored (the ``Acked`` event), and the input is released. One task for the batch,
+        not one per input: a noop worker spent about a tenth of its time making and
+        running those.
         """
-        begun: list[tuple[Answer, bytes, Coroutine[Any, Any, None] | None, Exception | None]]
+        begun: list[tuple[Work, bytes, Coroutine[Any, Any, None] | None, Exception | None]]
         begun = []
-        for answer in answers:
-            work, leader, prediction = answer
+        for work in answers:
             key = work.request.content_hash.encode("ascii")
             try:
-                value, sent = self.publisher.result_begin(
-                    key, self._record(work, leader, prediction)
-                )
+                value, sent = self.publisher.result_begin(key, self._record(work))
             except PublishRejected as exc:  # surely not written
-                begun.append((answer, b"", None, exc))
+                begun.append((work, b"", None, exc))
                 continue
-            begun.append((answer, value, sent, None))
+            begun.append((work, value, sent, None))
         failure: Exception | None = None
-        for i, (answer, value, acked, rejected) in enumerate(begun):
+        for i, (work, value, acked, rejected) in enumerate(begun):
             try:
-                await self._finish(answer, value, acked, rejected)
+                await self._finish(work, value, acked, rejected)
             except asyncio.CancelledError:
                 for later, _value, left, _rejected in begun[i + 1 :]:
                     if left is not None:
                         left.close()  # never awaited: the worker is stopping
-                    if later[0] is later[1]:
-                        self._emit(Unstored(later[1]))
+                    if later.leader is later:
+                        self._emit(Unstored(later))
                 raise
             except Exception as exc:  # the answer path failed: the others still get theirs
                 failure = failure or exc
         if failure is not None:
             raise failure
 
-    def _record(self, work: Work, leader: Work, prediction: Prediction) -> dict[str, Any]:
+    def _record(self, work: Work) -> dict[str, Any]:
+        leader, prediction = work.leader, work.prediction
+        assert leader is not None and prediction is not None
         name, version = (
             work.model
             or leader.model
@@ -149,13 +146,13 @@ class Answers:
 
     async def _finish(
         self,
-        answer: Answer,
+        work: Work,
         value: bytes,
         acked: Coroutine[Any, Any, None] | None,
         rejected: Exception | None,
     ) -> None:
         """Await one result's acknowledgement; then store (the leader) and release it."""
-        work, leader, _prediction = answer
+        leader = work.leader
         try:
             if rejected is not None:
                 raise rejected

@@ -22,7 +22,7 @@ from pipeline.errors import CircuitOpenError, InferenceError
 from pipeline.inference import InferenceEngine, Prediction
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import Settings
-from pipeline.worker.answers import Answer, Answers
+from pipeline.worker.answers import Answers
 from pipeline.worker.guard import Guard
 from pipeline.worker.publish import backoff_ms
 from pipeline.worker.records import Work
@@ -87,7 +87,7 @@ class Compute:
             # so a request late now (the batch waited for the engine) is computed.
             work.queue_ms = float(now - work.arrived_ms)
             self.metrics.wait(work.request.lane, work.queue_ms / 1000)
-        known: list[Answer] = []
+        known: list[Work] = []
 
         def answer_known(work: Work, found: Known) -> None:
             answer = self.answers.known(work, found)
@@ -135,7 +135,7 @@ class Compute:
         if engine is self.engine and not retry:
             self.guard.model_result(self._clock_ms(), ok=outcome.failures < outcome.batch_size)
         stats = {"inference_ms": outcome.inference_ms, "batch_size": float(outcome.batch_size)}
-        answers: list[Answer] = []
+        answers: list[Work] = []
         for work, result in zip(leaders, outcome.outcomes, strict=True):
             work.stats = stats
             if result.prediction is not None:
@@ -154,7 +154,7 @@ class Compute:
 
     def _complete(
         self, leader: Work, prediction: Prediction | None, error: BaseException | None
-    ) -> list[Answer]:
+    ) -> list[Work]:
         """Every requester of the leader's key: dead-lettered at once on ``error``, else
         returned as results to publish (the caller publishes a batch's together)."""
         waiters = self.repeats.finish(leader, prediction)
@@ -164,4 +164,4 @@ class Compute:
                 rid = work.request.request_id
                 self._spawn(self.answers.dead_letter(work.incoming, error, leader.attempts, rid))
             return []
-        return [(work, leader, prediction) for work in waiters]
+        return [work.answered_by(leader, prediction) for work in waiters]

@@ -12,7 +12,10 @@ Plain data, importing nothing from the pipeline: every module of the worker
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the records stay light: the client imports them
+    from pipeline.inference.types import Prediction
 
 __all__ = ["MAX_REQUEST_ID_CHARS", "Incoming", "Origin", "Request", "Work", "record_size"]
 
@@ -82,6 +85,15 @@ class Work:
     #: True once its stored result proved unusable (undecodable, another model
     #: version): it is computed, and the store is not asked again.
     stored_unusable: bool = False
-    #: The dedupe owner's count of store writes when the store was last asked for it
-    #: (-1: never), so it is asked again only if its key may have been stored since.
+    #: The dedupe owner's count of store writes when the store was asked for it
+    #: (-1: never); a write after it may hold its result.
     recalled_at: int = -1
+    #: Its result, once known: computed by ``leader`` (itself, or the twin whose
+    #: computation it joined). A work with both set is an answer to publish.
+    prediction: Prediction | None = None
+    leader: Work | None = None
+
+    def answered_by(self, leader: Work, prediction: Prediction) -> Work:
+        """Set its result, computed by ``leader``; return it (an answer to publish)."""
+        self.leader, self.prediction = leader, prediction
+        return self
