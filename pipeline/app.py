@@ -36,8 +36,7 @@ from pipeline.inference import (
     load_model,
     telemetry_for,
 )
-from pipeline.kafka import faust_edge
-from pipeline.kafka.faust_conf import app_conf
+from pipeline.kafka import faust_conf, faust_edge
 from pipeline.kafka.producer import AnswerProducer
 from pipeline.kafka.topic_limits import warn_small_topics
 from pipeline.observability.logs import configure_logging
@@ -69,19 +68,10 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         store="rocksdb://",
         producer_acks=-1,
         producer_linger=s.worker.producer_linger_ms / 1000,
-        **app_conf(s),
+        **faust_conf.app_conf(s),
     )
-    lane_topics = {
-        lane: app.topic(
-            s.topics.lane_topic(lane),
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=s.topics.partitions,
-        )
-        for lane in s.worker.consumed_lanes()  # PIPELINE_WORKER_LANES: this fleet's lanes
-    }
+    # PIPELINE_WORKER_LANES: this fleet's lanes.
+    lane_topics = faust_conf.lane_topics(app, s, s.worker.consumed_lanes())
     retention = Retention.of_seconds(s.dedupe.ttl_s)  # the dedupe TTL's one owner
     table = app.Table(
         TABLE_NAME,

@@ -5,7 +5,10 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
 :class:`Work`, are in ``records.py``):
 
 - ``pipeline/kafka/faust_edge/`` (``install``): the consumer's fetch hands each
-  fetch's lane records over at once, below Faust's streams;
+  fetch's lane records over at once, below Faust's streams, to the ledger
+  (``ledger.py``), the one keeper of a record's offset and bounds from the
+  fetch to the release, whose parts are ``lane_buffer.py``,
+  ``continuity.py``, ``start_offsets.py`` and ``admission.py`` (+ ``acks.py``);
 - ``lane_buffer.py``: fetched records wait per partition in offset order,
   bounded per lane (a full lane's partitions leave the fetcher);
 - ``lane_reader.py``: buffer to runtime, realtime first, a chunk a pass;
@@ -39,7 +42,11 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
 - ``acks.py``: the release: the offset watermark hands Faust only a contiguous
   prefix of each partition's answered offsets to commit.
 
-``preflight.py`` holds the checks a worker runs before it joins its group.
+Each stage hands its output forward. What must go back against the flow
+(room freed, an answer's lateness, a result to store, a stored result found
+unusable, the answer path failing) is an event (``events.py``) that the
+runtime dispatches. ``preflight.py`` holds the checks a worker runs before it
+joins its group.
 Nothing here imports Faust: ``pipeline/app.py`` wires these into a Faust
 worker through injected callables. Import what you need from its module
 (``pipeline.worker.runtime``, ``pipeline.worker.records``): this package
