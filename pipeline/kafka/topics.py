@@ -12,7 +12,7 @@ from pipeline.errors import ConfigurationError
 from pipeline.kafka.client import require_bootstrap
 from pipeline.kafka.security import AuthWatch, client_config, connect
 from pipeline.observability.logs import librdkafka_log
-from pipeline.settings import Settings, TopicSettings
+from pipeline.settings import LANES, Settings, TopicSettings
 from pipeline.worker.dedupe import Retention, changelog_topic
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ def create_topics(
             else:
                 raise ConfigurationError(f"could not create {name}: {err}") from exc
     meta = admin.list_topics(timeout=timeout_s).topics
-    counts = {len(meta[t].partitions) for t in settings.topics.all_topics()[:3] if t in meta}
+    lanes = [settings.topics.lane_topic(lane) for lane in LANES]
+    counts = {len(meta[t].partitions) for t in lanes if t in meta}
     if len(counts) > 1:
         raise ConfigurationError(
             f"lane topics have different partition counts {sorted(counts)}; they must match "
@@ -112,7 +113,7 @@ def describe_topics(
     watch = AuthWatch(settings)
     admin = admin_client(settings, watch)
     meta = connect(admin, watch, min(timeout_s, connect_timeout_s)).topics
-    roles = ["lane realtime", "lane standard", "lane bulk", "results", "dead letters"]
+    roles = [f"lane {lane}" for lane in LANES] + ["results", "dead letters"]
     present = [t for t in settings.topics.all_topics() if t in meta]
     retention: dict[str, str] = {}
     if present:
