@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -32,6 +31,7 @@ from typing import IO
 
 from pipeline.errors import ConfigurationError
 from pipeline.settings._fields import _default_cache
+from pipeline.tools.supervise import terminate
 
 __all__ = ["SOURCE", "LocalRegistry", "RunningRegistry"]
 
@@ -75,13 +75,7 @@ class RunningRegistry:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; every schema it held is gone."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout_s)
+        terminate(self.process, timeout_s)
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._errors.close()

@@ -1,7 +1,8 @@
 """Start, watch and stop real worker processes (``faust -A pipeline.app worker``).
 
 Used by the demo, the integration tests and the benchmark, so all of them
-run the same command a user runs.
+run the same command a user runs. :func:`terminate` stops any child process
+the tools start (the worker, the local registry, Prometheus) the same way.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["WorkerProcess", "free_port"]
+__all__ = ["WorkerProcess", "free_port", "terminate"]
 
 FAUST = str(Path(sys.executable).with_name("faust"))
 READY_MARKERS = ("pipeline ready", "[^Worker]: Ready")
@@ -92,12 +94,28 @@ class WorkerProcess:
             os.killpg(self.proc.pid, sig)
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, then SIGKILL after ``timeout_s``; return the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
+        """SIGTERM, then SIGKILL (its process group) after ``timeout_s``; return the exit code."""
+        return terminate(self.proc, timeout_s, kill_wait_s=10.0, group=True)
+
+
+def terminate(
+    proc: subprocess.Popen[Any],
+    timeout_s: float,
+    *,
+    kill_wait_s: float | None = None,
+    group: bool = False,
+) -> int:
+    """Stop ``proc`` unless it has exited: SIGTERM, then SIGKILL (to its whole process
+    group with ``group``) if it is still running after ``timeout_s``, waiting up to
+    ``kill_wait_s`` (default ``timeout_s``) for it to go. Returns its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait(timeout_s if kill_wait_s is None else kill_wait_s)
+    return proc.returncode

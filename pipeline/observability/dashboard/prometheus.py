@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import ConfigurationError
-from pipeline.tools.supervise import free_port
+from pipeline.tools.supervise import free_port, terminate
 
 __all__ = [
     "PROMETHEUS_YML",
@@ -208,14 +208,8 @@ class LocalPrometheus:
     def stop(self) -> None:
         """SIGTERM (Prometheus flushes its head block), SIGKILL after 15 s."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        if proc is not None:
+            terminate(proc, 15.0, kill_wait_s=5.0)
 
     def __enter__(self) -> LocalPrometheus:
         return self.start()
