@@ -69,8 +69,3 @@ class OffsetWatermark(Generic[T]):
         if partition is not None:
             return len(self._pending.get(partition, ()))
         return sum(len(q) for q in self._pending.values())
-
-    def low_watermark(self, partition: Hashable) -> int | None:
-        """The earliest pending offset of a partition, or None when all are released."""
-        queue = self._pending.get(partition)
-        return next(iter(queue)) if queue else None

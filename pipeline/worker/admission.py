@@ -147,12 +147,6 @@ class Admission(Generic[T]):
         """Inputs admitted and not yet released, over every lane."""
         return self.watermark.pending()
 
-    def held_bytes(self, lane: str) -> int:
-        return self._bytes[lane]
-
-    def held_records(self, lane: str) -> int:
-        return self._records[lane]
-
     def oldest_ms(self) -> int:
         """How long the oldest input admitted and not yet answered has waited (0: none)."""
         for held in self._held.values():

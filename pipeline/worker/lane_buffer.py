@@ -143,6 +143,3 @@ class LaneBuffer:
         if lane is not None:
             return self._records.get(lane, 0)
         return sum(self._records.values())
-
-    def held_bytes(self, lane: str) -> int:
-        return self._bytes.get(lane, 0)
