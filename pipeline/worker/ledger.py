@@ -29,7 +29,7 @@ Pure: no Faust, no Kafka; the consumer is reached through injected callables.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pipeline.settings import LANES, Settings
@@ -166,7 +166,3 @@ class Ledger:
             self.starts.forget((tp[0], tp[1]))
             held += self.admission.forget((tp[0], tp[1]))
         return held
-
-    def holds(self, tp: Hashable) -> bool:
-        """Whether records of partition ``tp`` wait in the buffer."""
-        return self.buffer.holds(tp)
