@@ -42,20 +42,11 @@ class Prediction:
     A model's ``embedding`` is the vector as float32 little-endian bytes (Avro's
     float is the same 4 bytes), so it reaches the result's encoder without ever
     becoming Python floats; a list of floats is accepted too (test stand-ins).
-    :meth:`floats` reads either.
     """
 
     embedding: bytes | list[float] | None = None
     label: str | None = None
     score: float | None = None
-
-    def floats(self) -> list[float]:
-        """The embedding as Python floats (for display and tests); ValueError if none."""
-        if self.embedding is None:
-            raise ValueError("this prediction has no embedding")
-        if isinstance(self.embedding, list):
-            return self.embedding
-        return list(struct.unpack(f"<{len(self.embedding) // 4}f", self.embedding))
 
 
 class ForwardTiming:

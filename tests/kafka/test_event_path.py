@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 from harness import Deployment
+from support.predictions import floats
 
 from pipeline.codecs.avro import MARKER, request_codec
 from pipeline.codecs.keys import content_hash
@@ -100,7 +101,7 @@ def test_mixed_traffic_every_request_answered_once(kafka_bootstrap: str, tmp_pat
     direct = model.predict([sent[a.record["request_id"]][0] for a in sample])
     for a, pred in zip(sample, direct, strict=True):
         assert pred.embedding is not None
-        assert _cos(a.record["embedding"], pred.floats()) >= 0.999
+        assert _cos(a.record["embedding"], floats(pred)) >= 0.999
 
 
 def test_lanes_far_over_their_fetch_buffer_pause_and_resume_losing_nothing(

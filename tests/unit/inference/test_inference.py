@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.predictions import floats
 from tiny_model import LABELS
 
 from pipeline.errors import ConfigurationError, InferenceError
@@ -60,7 +61,7 @@ def test_half_precision_weights_stay_within_cosine_0999_of_float32(minilm: Model
     assert isinstance(half, Model)
     assert half.fingerprint != minilm.fingerprint
     for a, b in zip(half.predict(TEXTS), minilm.predict(TEXTS), strict=True):
-        assert cosine(a.floats(), b.floats()) >= 0.999
+        assert cosine(floats(a), floats(b)) >= 0.999
 
 
 def test_bundled_model_identity(minilm: Model) -> None:
@@ -87,8 +88,8 @@ def test_embeddings_match_direct_transformers(minilm: Model) -> None:
     assert len(got) == len(TEXTS)
     for pred, want in zip(got, expected, strict=True):
         assert pred.embedding is not None and pred.label is None and pred.score is None
-        assert len(pred.floats()) == 384
-        assert cosine(pred.floats(), want) >= 0.999
+        assert len(floats(pred)) == 384
+        assert cosine(floats(pred), want) >= 0.999
 
 
 def test_embeddings_match_sentence_transformers(minilm: Model) -> None:
@@ -98,13 +99,13 @@ def test_embeddings_match_sentence_transformers(minilm: Model) -> None:
     expected = st.encode(TEXTS, convert_to_numpy=True)
     for pred, want in zip(minilm.predict(TEXTS), expected, strict=True):
         assert pred.embedding is not None
-        assert cosine(pred.floats(), want.tolist()) >= 0.999
+        assert cosine(floats(pred), want.tolist()) >= 0.999
 
 
 def test_embeddings_are_unit_length(minilm: Model) -> None:
     for pred in minilm.predict(TEXTS):
         assert pred.embedding is not None
-        assert abs(float(torch.tensor(pred.floats()).norm()) - 1.0) < 1e-4
+        assert abs(float(torch.tensor(floats(pred)).norm()) - 1.0) < 1e-4
 
 
 def test_batch_equals_single(minilm: Model) -> None:
@@ -112,7 +113,7 @@ def test_batch_equals_single(minilm: Model) -> None:
     for text, together in zip(TEXTS, batch, strict=True):
         (alone,) = minilm.predict([text])
         assert together.embedding is not None and alone.embedding is not None
-        assert cosine(together.floats(), alone.floats()) >= 0.999
+        assert cosine(floats(together), floats(alone)) >= 0.999
 
 
 def test_tokenize_counts_real_and_padded_tokens(minilm: Model) -> None:
@@ -199,7 +200,7 @@ def test_explicit_name_and_version(tiny_dir: Path) -> None:
     model = load_model(ModelSettings(process="off", path=str(tiny_dir), name="tiny", version="7"))
     assert model.model_id == "tiny@7"
     (pred,) = model.predict(["good movie"])
-    assert pred.embedding is not None and len(pred.floats()) == 16
+    assert pred.embedding is not None and len(floats(pred)) == 16
 
 
 def test_fail_on_isolates_failing_input(tiny_dir: Path) -> None:
@@ -483,7 +484,7 @@ def test_engine_runs_the_real_model_and_times_its_stages_within_the_call(
     for outcome, direct in zip(result.outcomes, minilm.predict(TEXTS), strict=True):
         assert outcome.prediction is not None and outcome.prediction.embedding is not None
         assert direct.embedding is not None
-        assert cosine(outcome.prediction.floats(), direct.floats()) >= 0.999
+        assert cosine(floats(outcome.prediction), floats(direct)) >= 0.999
     # Both stages were measured, and they happened inside the call.
     assert result.inference_ms > 0 and result.tokenize_ms > 0
     assert result.tokenize_ms + result.inference_ms <= elapsed_ms

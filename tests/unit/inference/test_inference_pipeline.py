@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.predictions import floats
 from support.runtime import submit
 
 from pipeline.errors import ConfigurationError, InferenceError
@@ -224,7 +225,7 @@ def test_padding_to_the_bucket_and_shape_keeps_every_embedding(tiny_dir: Path) -
         assert len(got) == len(texts)
         for a, b in zip(want, got, strict=True):
             assert a.embedding is not None and b.embedding is not None
-            assert torch.allclose(torch.tensor(a.floats()), torch.tensor(b.floats()), atol=1e-5)
+            assert torch.allclose(torch.tensor(floats(a)), torch.tensor(floats(b)), atol=1e-5)
 
 
 def test_pad_to_never_truncates_and_stops_at_max_length(tiny_dir: Path) -> None:

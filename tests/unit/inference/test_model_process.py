@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.predictions import floats
 
 from pipeline.errors import ConfigurationError, InferenceError
 from pipeline.inference import InferenceEngine, load_model
@@ -33,7 +34,7 @@ def remote(tiny_dir: Path) -> Iterator[RemoteModel]:
 
 
 def _predict(model: RemoteModel | Model, texts: list[str]) -> list[list[float]]:
-    return [p.floats() for p in model.forward(model.tokenize(texts))]
+    return [floats(p) for p in model.forward(model.tokenize(texts))]
 
 
 def test_answers_and_keys_match_the_model_in_this_process(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.predictions import floats
 from tiny_model import build_tiny_bert
 
 from pipeline.errors import ConfigurationError
@@ -28,7 +29,7 @@ TEXTS = [
 
 def _embeddings(model: object, texts: list[str]) -> torch.Tensor:
     preds = model.predict(texts)  # type: ignore[attr-defined]
-    return torch.tensor([p.floats() for p in preds])
+    return torch.tensor([floats(p) for p in preds])
 
 
 @pytest.mark.slow  # loads the real MiniLM twice

@@ -13,6 +13,7 @@ from typing import cast
 
 import pytest
 from click.testing import CliRunner
+from support.predictions import floats
 
 from pipeline.cli import main
 from pipeline.inference import load_model
@@ -617,7 +618,7 @@ def test_model_stats_and_the_model_process_among_the_children(tmp_path: Path) ->
 def test_noop_model_answers_without_weights() -> None:
     model = load_model(ModelSettings(task="noop"))
     preds = model.predict(["a b c", "hello"])
-    assert [p.floats() for p in preds] == [[1.0, 0.0, 0.0, 0.0]] * 2
+    assert [floats(p) for p in preds] == [[1.0, 0.0, 0.0, 0.0]] * 2
     assert ModelSettings(task="noop").model_id == "noop@1"
 
 
