@@ -19,6 +19,7 @@ import click
 from pipeline.kafka.client import Answer, RequestProducer, read_answers, request_bytes
 from pipeline.kafka.topics import create_topics
 from pipeline.settings import Settings, WorkerSettings
+from pipeline.tools.commands.options import keep_broker_option
 from pipeline.tools.kafka_local import LocalKafka
 from pipeline.tools.supervise import WorkerProcess
 
@@ -151,7 +152,7 @@ def run_demo(settings: Settings, *, keep_broker: bool = False) -> int:
 
 
 @click.command()
-@click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
+@keep_broker_option
 def main(keep_broker: bool) -> None:
     """Run the pipeline on the local broker with sample traffic, then clean up."""
     sys.exit(run_demo(Settings.from_env(), keep_broker=keep_broker))
