@@ -98,6 +98,14 @@ class ExpiredError(PermanentError):
     stage = "expired"
 
 
+class PublishRejected(PermanentError):
+    """The producer or broker refused a record for good: it was surely not written
+    (too large, topic not authorised, invalid record), so answering the input
+    with a dead letter cannot also leave a result behind. Retrying cannot help."""
+
+    stage = "publish"
+
+
 class RetryableError(PipelineError):
     """A failure that may go away: retry with backoff, a bounded number of times."""
 
@@ -117,14 +125,6 @@ class CircuitOpenError(InferenceError):
 
 class PublishError(RetryableError):
     """The broker did not acknowledge a produced record."""
-
-    stage = "publish"
-
-
-class PublishRejected(PermanentError):
-    """The producer or broker refused a record for good: it was surely not written
-    (too large, topic not authorised, invalid record), so answering the input
-    with a dead letter cannot also leave a result behind. Retrying cannot help."""
 
     stage = "publish"
 
