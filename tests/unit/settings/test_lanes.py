@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pipeline.scheduling.degrade import Shedding
-from pipeline.settings import LANES, Settings, lanes_of
+from pipeline.settings import (
+    LANES,
+    SchedulerSettings,
+    Settings,
+    TopicSettings,
+    WorkerSettings,
+    lanes_of,
+)
 from pipeline.settings.lanes import DEFINITIONS, Shed, shed_lanes
 
 
@@ -32,3 +41,15 @@ def test_shedding_follows_each_lanes_definition() -> None:
     assert [lane for lane in LANES if shed.expires(lane)] == ["standard"]
     assert shed.deadline_ms("standard", arrived_ms=0, deadline_ms=1000) == 500
     assert shed.deadline_ms("bulk", arrived_ms=0, deadline_ms=1000) == 1000
+
+
+def test_every_lane_definition_has_its_settings() -> None:
+    """A lane added to DEFINITIONS without its settings fails here, not at run time."""
+
+    def names(section: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(section)}
+
+    for rank, lane in enumerate(DEFINITIONS):
+        assert lane.name in names(TopicSettings), lane
+        assert f"lane_deadline_ms_{lane.name}" in names(WorkerSettings), lane
+        assert (f"max_wait_ms_{lane.name}" in names(SchedulerSettings)) == (rank > 0), lane
