@@ -33,6 +33,7 @@ stage it maps to (:func:`stage_of`); errors that never dead-letter an input
 from __future__ import annotations
 
 __all__ = [
+    "STAGES",
     "AnswerPathFailure",
     "AuthenticationFailed",
     "BrokerUnavailable",
@@ -52,6 +53,11 @@ __all__ = [
     "ValidationError",
     "stage_of",
 ]
+
+
+#: The dead-letter stages, in the order a record meets them (the DeadLetter schema's
+#: ``Stage`` symbols).
+STAGES: tuple[str, ...] = ("decode", "validate", "infer", "expired", "publish")
 
 
 class PipelineError(Exception):

@@ -31,6 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from pipeline.errors import STAGES
 from pipeline.observability.metrics_local import LocalCounter, LocalFamilies, LocalHistogram
 from pipeline.observability.metrics_server import MetricsServer, start_metrics_server
 from pipeline.settings import LANES
@@ -68,7 +69,6 @@ PADDING_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
 
 SERVED = ("computed", "stored", "inflight", "batch")
-STAGES = ("decode", "validate", "infer", "expired", "publish")
 DEDUPE_LEVELS = ("batch", "inflight", "stored")
 REASONS = ("deadline", "aged", "full", "window", "expired")
 BREAKER_STATES = ("closed", "open", "half_open")

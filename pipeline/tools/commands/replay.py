@@ -6,6 +6,7 @@ from typing import TextIO
 
 import click
 
+from pipeline.errors import STAGES
 from pipeline.settings import Settings
 from pipeline.tools.commands.options import (
     bootstrap_option,
@@ -47,7 +48,7 @@ __all__ = ["replay_dlq"]
     "--stage",
     "stages",
     multiple=True,
-    type=click.Choice(["decode", "validate", "infer", "expired", "publish"]),
+    type=click.Choice(STAGES),
     help="Only dead letters of this stage (repeatable).",
 )
 @click.option("--error-class", default=None, help="Only error classes matching this glob.")

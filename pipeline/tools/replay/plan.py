@@ -26,7 +26,6 @@ __all__ = [
     "EXHAUSTED",
     "ID_HEADER",
     "SEND",
-    "STAGES",
     "CommitTracker",
     "DeadLetter",
     "Filters",
@@ -42,7 +41,6 @@ __all__ = [
 
 ID_HEADER = "pipeline-replay-id"
 ATTEMPT_HEADER = "pipeline-replay-attempt"
-STAGES = ("decode", "validate", "infer", "expired", "publish")
 DEFAULT_GROUP = "pipeline-replay"
 DEFAULT_MAX_ATTEMPTS = 5
 

@@ -23,7 +23,7 @@ from pipeline.codecs.avro import (
     request_codec,
     result_codec,
 )
-from pipeline.errors import DecodeError
+from pipeline.errors import STAGES, DecodeError
 
 REQUEST = {
     "request_id": "r-1",
@@ -48,6 +48,12 @@ def test_crc64_matches_fastavro_and_spec_vector() -> None:
     # single-object encoding puts on the wire.
     expected = fastavro.schema.fingerprint(canonical, "CRC-64-AVRO")
     assert crc64_avro(canonical.encode()).to_bytes(8, "little").hex() == expected
+
+
+def test_the_dead_letter_stages_are_the_schemas() -> None:
+    schema = json.loads((SCHEMA_DIR / "DeadLetter.avsc").read_text())
+    [stage] = [f["type"] for f in schema["fields"] if f["name"] == "stage"]
+    assert tuple(stage["symbols"]) == STAGES
 
 
 def test_wire_layout_is_single_object_encoding() -> None:
@@ -223,7 +229,7 @@ def test_a_result_encodes_byte_for_byte_as_fastavro_writes_it(
     coordinates=st.tuples(st.integers(0, 2**31 - 1), _long, _long, _long),
     key=st.none() | st.binary(max_size=40),
     value=st.none() | st.binary(max_size=300),
-    stage=st.sampled_from(["decode", "validate", "infer", "expired", "publish"]),
+    stage=st.sampled_from(STAGES),
     texts=st.tuples(_text, st.text(max_size=400), _text),
     request_id=st.none() | _text,
     lengths=st.tuples(st.none() | _long, st.none() | _long, st.none() | _text),

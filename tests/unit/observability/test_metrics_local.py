@@ -14,7 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from pipeline.observability.metrics import DEDUPE_LEVELS, FAMILIES, LATENCY_BUCKETS, SERVED, STAGES
+from pipeline.errors import STAGES
+from pipeline.observability.metrics import DEDUPE_LEVELS, FAMILIES, LATENCY_BUCKETS, SERVED
 from pipeline.observability.metrics import PipelineMetrics as Metrics
 from pipeline.observability.metrics_local import LocalCounter, LocalFamilies, LocalHistogram
 from pipeline.settings import LANES
