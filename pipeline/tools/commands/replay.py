@@ -7,7 +7,7 @@ from typing import TextIO
 import click
 
 from pipeline.errors import STAGES
-from pipeline.settings import Settings
+from pipeline.settings import LANES, Settings
 from pipeline.tools.commands.options import (
     bootstrap_option,
     connect_timeout_option,
@@ -89,7 +89,7 @@ __all__ = ["replay_dlq"]
     "to_topic",
     default=None,
     help="Send every input to this topic (default: each one's original topic): a lane "
-    "name (realtime, standard, bulk) or a topic name; PIPELINE_TOPICS_PREFIX is added "
+    f"name ({', '.join(LANES)}) or a topic name; PIPELINE_TOPICS_PREFIX is added "
     "unless the name already starts with it.",
 )
 @click.option(
@@ -213,8 +213,6 @@ def replay_dlq(
 def destination_topic(settings: Settings, name: str) -> str:
     """``--to``'s topic: a lane's topic for a lane name, else ``name`` under the
     deployment's topic prefix (a name that already carries it is kept as it is)."""
-    from pipeline.settings import LANES
-
     topics = settings.topics
     if name in LANES:
         return topics.lane_topic(name)
