@@ -203,7 +203,7 @@ class WorkerSettings:
     lane_deadline_ms_standard: int = _field(2000, "default deadline of a standard request")
     lane_deadline_ms_bulk: int = _field(60000, "default deadline of a bulk request")
     lanes: str = _field(
-        "realtime,standard,bulk",
+        ",".join(LANES),
         "comma-separated lanes whose topics this worker consumes: realtime for a realtime "
         "fleet, standard,bulk for a batch fleet beside it. Each fleet needs its own "
         "PIPELINE_WORKER_APP_ID (its consumer group, and its own dedupe table), and every "
