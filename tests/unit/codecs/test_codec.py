@@ -24,6 +24,7 @@ from pipeline.codecs.avro import (
     result_codec,
 )
 from pipeline.errors import STAGES, DecodeError
+from pipeline.observability.metrics import SERVED
 
 REQUEST = {
     "request_id": "r-1",
@@ -50,10 +51,14 @@ def test_crc64_matches_fastavro_and_spec_vector() -> None:
     assert crc64_avro(canonical.encode()).to_bytes(8, "little").hex() == expected
 
 
-def test_the_dead_letter_stages_are_the_schemas() -> None:
-    schema = json.loads((SCHEMA_DIR / "DeadLetter.avsc").read_text())
-    [stage] = [f["type"] for f in schema["fields"] if f["name"] == "stage"]
-    assert tuple(stage["symbols"]) == STAGES
+def test_the_dead_letter_stages_and_served_values_are_the_schemas() -> None:
+    def symbols(record: str, field: str) -> tuple[str, ...]:
+        schema = json.loads((SCHEMA_DIR / f"{record}.avsc").read_text())
+        [enum] = [f["type"] for f in schema["fields"] if f["name"] == field]
+        return tuple(enum["symbols"])
+
+    assert symbols("DeadLetter", "stage") == STAGES
+    assert symbols("InferenceResult", "served") == SERVED
 
 
 def test_wire_layout_is_single_object_encoding() -> None:
