@@ -33,6 +33,8 @@ the way, :class:`Origin` → :class:`Incoming` → :class:`Request` →
     deadline and is the only judge of expiry; ``guard.py`` sheds load and
     breaks the circuit around the model;
 
+- ``batches.py``: the batch loop: each batch formed at the last moment, the
+  expired dead-lettered, the rest handed to compute, its run time observed;
 - ``compute.py``: a batch deduped again by ``repeats.py`` (a result known
   meanwhile, a twin in flight or in the same batch), through the model
   (``pipeline/inference/``, its own thread), retried, fallen back;

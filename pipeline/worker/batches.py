@@ -1,0 +1,160 @@
+"""The batch loop: each batch formed at the last moment, run, and observed.
+
+A batch is formed at the last moment (late realtime requests get in and the
+deadline predictions stay true): with a hand-over lead, when the running one
+is predicted (by the scheduler's latency model) to end within the engine's
+measured tokenisation time plus ``scheduler.handover_ms``, so the engine
+tokenises the next meanwhile (two in the engine at most); without, or where
+the engine gains nothing from it (a CPU), after it ended. What the scheduler
+expired is dead-lettered; what it planned goes to compute; each batch's run
+time goes back to the scheduler's controller and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pipeline.errors import ExpiredError
+from pipeline.inference import InferenceEngine
+from pipeline.observability.metrics import PipelineMetrics
+from pipeline.scheduling import Plan, Scheduler
+from pipeline.settings import Settings
+from pipeline.worker.answers import Answers
+from pipeline.worker.compute import Compute
+from pipeline.worker.gates import LaneGates
+from pipeline.worker.records import Work
+
+__all__ = ["BatchLoop"]
+
+
+class BatchLoop:
+    """Asks the scheduler for batches and runs them (see the module's promise);
+    ``wake`` is called when work is queued."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine: InferenceEngine,
+        scheduler: Scheduler[Work],
+        gates: LaneGates[Work],
+        compute: Compute,
+        answers: Answers,
+        metrics: PipelineMetrics,
+        clock_ms: Callable[[], int],
+        spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]],
+        utilisation: Callable[[], float | None],
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.scheduler = scheduler
+        self.gates = gates
+        self.compute = compute
+        self.answers = answers
+        self.metrics = metrics
+        self._clock_ms = clock_ms
+        self._spawn = spawn
+        self._utilisation = utilisation
+        self._wake = asyncio.Event()
+        overlap = settings.scheduler.handover_ms >= 0 and engine.overlaps
+        self._batch_slots = asyncio.Semaphore(2 if overlap else 1)
+        self._inflight_ms: dict[int, float] = {}  # predicted run time per batch in the engine
+        self._engine_free_ms = 0.0  # when the engine is predicted to have run them all
+        self._batch_done = asyncio.Event()
+        self._budget_changes = (0.0, 0.0)
+
+    def wake(self) -> None:
+        """Work was queued: look for a batch now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Ask the scheduler for batches forever, each formed at the last moment.
+
+        That moment is when the running batch is predicted (by the latency
+        model) to end within the engine's measured tokenisation time plus
+        ``scheduler.handover_ms``: the next one is tokenised while it runs.
+        """
+        while True:
+            await self._batch_slots.acquire()
+            await self._until_handover()
+            plan = await self._next_plan()
+            now = self._clock_ms()
+            self._inflight_ms[id(plan)] = plan.predicted_ms
+            self._engine_free_ms = max(float(now), self._engine_free_ms) + plan.predicted_ms
+            task = self._spawn(self._run_plan(plan))
+            task.add_done_callback(lambda _t: self._batch_slots.release())
+
+    async def _until_handover(self) -> None:
+        """Wait while batches in the engine are predicted to run longer than the lead."""
+        while self._inflight_ms:
+            lead = self.settings.scheduler.handover_ms + (self.engine.tokenize_ms() or 0.0)
+            wait_ms = self._engine_free_ms - lead - self._clock_ms()
+            if wait_ms <= 0:
+                return
+            self._batch_done.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._batch_done.wait(), wait_ms / 1000)
+
+    def _batch_finished(self, plan: Plan[Work]) -> None:
+        # The engine runs batches in order: the next one starts about now.
+        self._inflight_ms.pop(id(plan), None)
+        self._engine_free_ms = self._clock_ms() + sum(self._inflight_ms.values())
+        self._batch_done.set()
+
+    async def _next_plan(self) -> Plan[Work]:
+        """Wait until the scheduler has a batch to run; dead-letter what it expired."""
+        while True:
+            now = self._clock_ms()
+            self._wake.clear()
+            # Batches still in the engine run first: the scheduler counts from their end.
+            plan = self.scheduler.next_batch(now, engine_free_ms=self._engine_free_ms)
+            if plan is not None:
+                self.gates.apply()
+                for item in plan.expired:
+                    req = item.payload.request
+                    late = now - req.deadline_ms
+                    trip = item.payload.arrived_ms - req.created_at_ms
+                    error = ExpiredError(
+                        f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now; "
+                        f"reached the worker {trip} ms after it was made, waited "
+                        f"{now - item.payload.arrived_ms} ms here)"
+                    )
+                    self._spawn(
+                        self.answers.dead_letter(item.payload.incoming, error, 1, req.request_id)
+                    )
+                if plan.items:
+                    return plan
+                continue
+            wait = self.scheduler.wait_ms(now, engine_free_ms=self._engine_free_ms)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
+
+    async def _run_plan(self, plan: Plan[Work]) -> None:
+        batch = [item.payload for item in plan.items]
+        start = self._clock_ms()
+        try:
+            ran = await self.compute.run_batch(batch, shape=(plan.seq_len, plan.batch_shape))
+        finally:
+            self._batch_finished(plan)
+        latency_ms = ran.ms if ran is not None else float(self._clock_ms() - start)
+        self.scheduler.observe(
+            plan,
+            latency_ms=latency_ms,
+            utilisation=self._utilisation(),
+            now_ms=self._clock_ms(),
+        )
+        m = self.metrics
+        # Tokens as the model computed them; the scheduler's bucketed plan is in its snapshot.
+        real, padded = (ran.real_tokens, ran.padded_tokens) if ran is not None else (0, 0)
+        m.batch(len(plan.items), real, padded, latency_ms / 1000, plan.reason)
+        snap = self.scheduler.snapshot()
+        m.budget(int(snap.get("budget", plan.budget)))
+        grows, shrinks = snap.get("budget_grows", 0.0), snap.get("budget_shrinks", 0.0)
+        if grows > self._budget_changes[0]:
+            m.budget_change("grow")
+        if shrinks > self._budget_changes[1]:
+            m.budget_change("shrink")
+        self._budget_changes = (grows, shrinks)
