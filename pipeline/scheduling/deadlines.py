@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.scheduling.degrade import Shedding
+from pipeline.settings import Lane
 
 __all__ = ["Deadlines"]
 
@@ -29,9 +30,10 @@ _NORMAL = Shedding()
 class Deadlines:
     """Lane budgets, expiring lanes and shedding's changes (see the module's promise)."""
 
-    def __init__(self, lane_budget_ms: dict[str, int], expire_lanes: Iterable[str]) -> None:
-        self._budget = dict(lane_budget_ms)
-        self._base_expire = frozenset(expire_lanes)
+    def __init__(self, lanes: Iterable[Lane]) -> None:
+        lanes = tuple(lanes)
+        self._budget = {lane.name: lane.deadline_ms for lane in lanes}
+        self._base_expire = frozenset(lane.name for lane in lanes if lane.expires)
         self._shedding = _NORMAL
 
     def lane_ms(self, lane: str) -> int:

@@ -46,7 +46,7 @@ from pipeline.scheduling import Controller, Item, Scheduler
 from pipeline.scheduling.deadlines import Deadlines
 from pipeline.scheduling.degrade import Shedding
 from pipeline.scheduling.tokens import estimate_tokens
-from pipeline.settings import LANES, Settings
+from pipeline.settings import LANES, Settings, lanes_of
 from pipeline.worker.answers import AckFn, Answers
 from pipeline.worker.batches import BatchLoop
 from pipeline.worker.compute import Compute
@@ -125,14 +125,11 @@ class Runtime:
         self.model_id = settings.model.model_id
         # Dedupe keys (the model's ``keys``); without them texts dedupe only when equal.
         self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
-        self.controller = Controller(
-            settings.scheduler, slo_ms=settings.worker.lane_deadline_ms("realtime")
-        )
+        lanes = lanes_of(settings)
+        # The latency objective: the top lane's deadline.
+        self.controller = Controller(settings.scheduler, slo_ms=lanes[0].deadline_ms)
         #: The one owner of every request's deadline; shedding changes it through ``shed``.
-        self.deadlines = Deadlines(
-            {lane: settings.worker.lane_deadline_ms(lane) for lane in LANES},
-            (lane for lane in LANES if settings.worker.expires(lane)),
-        )
+        self.deadlines = Deadlines(lanes)
         self.scheduler: Scheduler[Work] = Scheduler(
             settings.scheduler,
             expires=self.deadlines.expires,
