@@ -19,6 +19,7 @@ from pipeline.codecs.keys import InputKeys
 from pipeline.kafka.client import request_bytes
 from pipeline.settings import Settings
 from pipeline.worker.dedupe import Retention, StoredEntry, StoredResults
+from pipeline.worker.events import Answered
 from pipeline.worker.records import Incoming, Origin
 from pipeline.worker.runtime import Runtime
 
@@ -149,15 +150,40 @@ def test_a_stored_answer_of_another_model_fingerprint_is_computed_again() -> Non
     _run(main)
 
 
-def _cut_by_load_shedding(rig: _Rig) -> None:
-    """Drive the real load shedder to level 3 (texts cut) with late realtime answers."""
+def _shed_to(rig: _Rig, level: int, *, late: bool = True) -> None:
+    """Drive the real load shedder to ``level`` with realtime answers, late or on time,
+    as the answer stage reports them: events through the runtime's dispatch."""
     guard = rig.runtime.guard
-    while guard.level < 3:
+    while guard.level != level:
         rig.now += 60_000  # past the cooldown
         for _ in range(200):
-            guard.answered(rig.now, "realtime", late=True)
+            rig.runtime.dispatch(Answered("realtime", rig.now, late=late))
+
+
+def _cut_by_load_shedding(rig: _Rig) -> None:
+    """Drive the real load shedder to level 3 (texts cut) with late realtime answers."""
+    _shed_to(rig, 3)
+    guard = rig.runtime.guard
     assert guard.actions.max_text_chars is not None
     assert len(LONG) > guard.actions.max_text_chars
+
+
+def test_shedding_reaches_deadlines_and_gates_through_the_runtime_and_recovers() -> None:
+    """Late realtime answers (Answered events) raise shedding: bulk's lane is paused and
+    standard's late requests expire (the deadline owner says so); on-time answers bring
+    both back."""
+
+    async def main(make: Make) -> None:
+        rig = make({})
+        runtime = rig.runtime
+        assert not runtime.deadlines.expires("standard") and runtime.gates.open("bulk")
+        _shed_to(rig, 2)
+        assert runtime.deadlines.expires("standard") and not runtime.gates.open("bulk")
+        assert runtime.gates.open("realtime")
+        _shed_to(rig, 0, late=False)
+        assert not runtime.deadlines.expires("standard") and runtime.gates.open("bulk")
+
+    _run(main)
 
 
 def test_a_text_cut_by_load_shedding_is_never_stored() -> None:
