@@ -1,5 +1,6 @@
-"""The dedupe TTL on disk: RocksDB drops expired stored results at compaction, in the
-store the worker's own app opens; reads alone would only hide them.
+"""The dedupe store's bounds: RocksDB drops expired stored results at compaction, in
+the store the worker's own app opens (reads alone would only hide them), and holds a
+bounded amount in memory however many distinct results it stores.
 
 The changelog side (``Retention.changelog_config`` applied on a real broker) is
 tests/kafka/test_dedupe_live.py; the broker deletes a closed segment only at its
@@ -13,6 +14,23 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+from pipeline.worker.dedupe import STORE_MEMORY
+
+
+def _run(code: str) -> dict[str, Any]:
+    """Run ``code`` in a Python of its own (a Faust app per test); its last line, parsed."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def test_expired_stored_results_leave_rocksdb_at_compaction(tmp_path: Path) -> None:
@@ -56,15 +74,7 @@ def test_expired_stored_results_leave_rocksdb_at_compaction(tmp_path: Path) -> N
             "new_after": (results.get("new") or b"").decode(),
         }}))
     """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _run(code)
     assert out["readable_at_once"] == 200
     # Past the TTL: the read refuses them, yet they are still stored ...
     assert out["readable_before"] == 0
@@ -72,3 +82,48 @@ def test_expired_stored_results_leave_rocksdb_at_compaction(tmp_path: Path) -> N
     # ... until a compaction, which drops them and keeps what is still fresh.
     assert out["on_disk_after"] == 0
     assert out["new_after"] == "fresh"
+
+
+def test_the_stores_memory_stays_within_its_bound_however_many_results_are_stored(
+    tmp_path: Path,
+) -> None:
+    """40 MB of distinct results into one partition of the worker's app's store: its
+    memtables never hold more than STORE_MEMORY allows (the rest is flushed to disk),
+    and its block cache has STORE_MEMORY's capacity (Faust's default is 2 GiB)."""
+    code = f"""
+        import json, os, time
+        from types import SimpleNamespace
+        from pipeline.app import create_app
+        from pipeline.kafka import faust_edge
+        from pipeline.settings import Settings
+        from pipeline.worker.dedupe import TABLE_NAME, Retention, StoredResults
+
+        settings = Settings.from_env({{
+            "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "PIPELINE_WORKER_APP_ID": "memory-test",
+            "PIPELINE_WORKER_DATA_DIR": {str(tmp_path)!r},
+        }})
+        app = create_app(settings)
+        table = app.tables[TABLE_NAME]
+        store = faust_edge.ChangelogStore(table, lambda *args: None)
+        results = StoredResults(store, retention=Retention.of_seconds(settings.dedupe.ttl_s),
+                                clock_ms=lambda: int(time.time() * 1000))
+        in_p0 = SimpleNamespace(partition=0)
+        payload = os.urandom(2000)
+        db = table.data._db_for_partition(0)
+        most = 0
+        for i in range(20_000):
+            faust_edge.in_partition_of(in_p0, lambda: results.put("k%d" % i, payload))
+            if i % 500 == 0:
+                most = max(most, db.property_int_value("rocksdb.cur-size-all-mem-tables"))
+        print(json.dumps({{
+            "most_in_memtables": most,
+            "cache": db.property_int_value("rocksdb.block-cache-capacity"),
+            "readable": sum(1 for i in range(0, 20_000, 999) if results.get("k%d" % i)),
+        }}))
+    """
+    out = _run(code)
+    memtables = STORE_MEMORY["write_buffer_size"] * STORE_MEMORY["max_write_buffer_number"]
+    assert 0 < out["most_in_memtables"] <= memtables * 1.1  # an arena block of slack
+    assert out["cache"] == STORE_MEMORY["block_cache_size"]
+    assert out["readable"] == len(range(0, 20_000, 999))
