@@ -39,7 +39,7 @@ _STORED = struct.Struct(">q")
 TABLE_NAME = "dedupe"
 
 #: RocksDB's memory per partition store: two memtables of 8 MiB and a 16 MiB block
-#: cache (48 MiB at most). Faust's defaults (three 64 MiB memtables, a 2 GiB cache,
+#: cache (32 MiB at most). Faust's defaults (three 64 MiB memtables, a 2 GiB cache,
 #: each per partition) let a worker's RSS grow by every result stored, about 300 MiB
 #: an hour at 50 req/s of new texts, for gigabytes before a plateau (docs/soak).
 STORE_MEMORY = {
