@@ -20,7 +20,6 @@ import dataclasses
 import gc
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -37,6 +36,7 @@ from pipeline.inference import (
     telemetry_for,
 )
 from pipeline.kafka import faust_conf, faust_edge
+from pipeline.kafka.faust_app import PipelineApp, use_event_loop, worker_class
 from pipeline.kafka.producer import AnswerProducer
 from pipeline.kafka.topic_limits import warn_small_topics
 from pipeline.observability.logs import configure_logging
@@ -61,9 +61,9 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
     """Build the Faust app for ``settings``; nothing connects until the worker starts.
     ``answer_headers``: answers in the Schema Registry's framing (registered already)."""
     s = settings
-    app = _App(
+    app = PipelineApp(
         s.worker.app_id,
-        Worker=_worker_class(s),
+        Worker=worker_class(s),
         broker_client_id=s.kafka.client_id,
         store="rocksdb://",
         producer_acks=-1,
@@ -126,59 +126,6 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
     )
 
     return app
-
-
-def _worker_class(settings: Settings) -> type[faust.Worker]:
-    """The ``faust worker`` command's Worker: the pipeline's log format from the first
-    log line (Faust's own start-up lines included). With ``PIPELINE_LOG_FORMAT=json``
-    the facts of Faust's start-up banner are one JSON line too; the banner itself is
-    printed to stdout by the command, which ``faust --quiet`` leaves out."""
-
-    class Worker(faust.Worker):  # the name shows in its log lines: "[^Worker]: Ready"
-        def on_setup_root_logger(self, logger: Any, level: int) -> None:
-            super().on_setup_root_logger(logger, level)
-            configure_logging(
-                settings.log,
-                allow_payloads=settings.worker.log_payloads,
-                static={"app": settings.worker.app_id},
-            )
-            if settings.log.format == "json":
-                log.info(
-                    "faust-streaming %s worker starting",
-                    faust.__version__,
-                    extra={
-                        "broker": settings.kafka.bootstrap_servers,
-                        "web": f"http://{settings.worker.web_host}:{settings.worker.web_port}",
-                        "datadir": settings.worker.data_dir,
-                    },
-                )
-
-    return Worker
-
-
-class _App(faust.App):
-    """A Faust app that says when a rebalance starts, before Faust waits for every
-    record its agents took (``wait_empty``): the pipeline then gives up work it has
-    not started, so the revoke waits only for running batches (docs/design.md)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rebalance_hooks: list[Callable[[], None]] = []
-        self.stop_hooks: list[Callable[[], None]] = []
-
-    async def on_stop(self) -> None:
-        """The worker stops (SIGTERM): the hooks give up what the model has not
-        started, as at a rebalance, before Faust waits for every record taken
-        (``wait_empty``): the stop then waits for the running batches and their
-        answers only, not for a queued backlog (read again after a restart)."""
-        for hook in self.stop_hooks:
-            hook()
-        await super().on_stop()
-
-    def on_rebalance_start(self) -> None:
-        super().on_rebalance_start()
-        for hook in self.rebalance_hooks:
-            hook()
 
 
 class _RuntimeHolder(Service):
@@ -398,17 +345,6 @@ class _RuntimeHolder(Service):
         """Stop the worker loudly: it exits non-zero, commits only what was answered,
         and waits for no unanswered input (each stays uncommitted: redelivered)."""
         faust_edge.stop_worker(self.app, self, failure)
-
-
-def use_event_loop(kind: str) -> None:
-    """Make the loop Faust creates next a uvloop one (``kind == "uvloop"``).
-
-    Called when the worker imports this module, before Faust creates its loop.
-    """
-    if kind == "uvloop":
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 try:

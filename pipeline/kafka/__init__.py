@@ -2,7 +2,8 @@
 
 - ``faust_edge/``: the consumer's fetch hook and every private Faust part the
   worker touches (``check()`` verifies them at start-up);
-- ``faust_conf.py``: the ``faust.App`` options and its lane topics;
+- ``faust_conf.py``: the ``faust.App`` options and its lane topics; ``faust_app.py``:
+  the app and Worker classes (rebalance and stop hooks, the log format);
 - ``producer.py``: answers out through librdkafka, bridged to asyncio;
 - ``reader.py``, ``client.py``: reading answers and producing requests (the
   client library users and the tools share);
