@@ -43,8 +43,8 @@ out in batches of 8 at ~160 texts/s, the rest expiring together at their
 deadline, where one batch at the best rate finished them all).
 Realtime's plans (the triage's layout and the cut to the tightest deadline)
 multiply the latency model's predictions by the overrun the last
-``OVERRUN_BATCHES`` batches measured (run time over prediction, 1 to
-``MAX_OVERRUN``): in a burst on 2 shared cores, batches ran 1.5-7x their
+``OVERRUN_BATCHES`` batches measured (run time over prediction, or the newest
+batch's if more; 1 to ``MAX_OVERRUN``): in a burst on 2 shared cores, batches ran 1.5-7x their
 prediction, and a realtime batch planned to the edge of its deadline then
 finished every one of its requests late.
 
@@ -153,8 +153,8 @@ class Scheduler(Generic[T]):
         self.woke_ms = -math.inf  # the latest arrival into an empty scheduler
         self._ran: deque[tuple[float, float]] = deque(maxlen=OVERRUN_BATCHES)  # (predicted, ran)
         #: How much longer than predicted the last batches ran (their measured run time
-        #: over their prediction, summed), within 1..``MAX_OVERRUN``: realtime's plans
-        #: multiply the latency model's predictions by it.
+        #: over their prediction, summed, or the newest batch's if more), within
+        #: 1..``MAX_OVERRUN``: realtime's plans multiply the model's predictions by it.
         self.overrun = 1.0
 
     # -- queues and backpressure ---------------------------------------------
@@ -245,7 +245,9 @@ class Scheduler(Generic[T]):
         if batch.predicted_ms > 0:
             self._ran.append((batch.predicted_ms, latency_ms))
             ran = sum(r for _, r in self._ran) / sum(p for p, _ in self._ran)
-            self.overrun = min(max(ran, 1.0), MAX_OVERRUN)
+            # The newest batch alone when it ran slower: contention starts with a burst,
+            # and the batches before it, run at leisure, would dilute it.
+            self.overrun = min(max(ran, latency_ms / batch.predicted_ms, 1.0), MAX_OVERRUN)
         saturated = (
             batch.padded_tokens + batch.seq_len > batch.budget
             and batch.budget >= self.controller.budget
