@@ -409,7 +409,9 @@ class Scheduler(Generic[T]):
             urgency=urgency,
             heads=heads if first is None else {**heads, top: first},
             cost_ms=self.controller.predict_ms,  # lengths mix where it pays (budget.py)
-            urgent_ms=start + 2 * lead,  # this batch and the next at the full budget
+            # Realtime due before this batch and the next at the full budget, as realtime
+            # is planned (times the overrun measured), cannot wait for a batch of its length.
+            urgent_ms=start + 2 * lead * self.overrun,
         )
         # Expiring requests that would miss their deadline even if they ran in
         # this batch (the batch that would run now, or they alone if longer). Heads
