@@ -410,8 +410,9 @@ class Scheduler(Generic[T]):
             heads=heads if first is None else {**heads, top: first},
             cost_ms=self.controller.predict_ms,  # lengths mix where it pays (budget.py)
             # Realtime due before this batch and the next at the full budget, as realtime
-            # is planned (times the overrun measured), cannot wait for a batch of its length.
-            urgent_ms=start + 2 * lead * self.overrun,
+            # is planned (times the overrun measured), cannot wait for a batch of its length;
+            # with the triage on, its layout already chose realtime's batches: all urgent.
+            urgent_ms=math.inf if s.triage == "on" else start + 2 * lead * self.overrun,
         )
         # Expiring requests that would miss their deadline even if they ran in
         # this batch (the batch that would run now, or they alone if longer). Heads
