@@ -324,9 +324,10 @@ class Scheduler(Generic[T]):
         if realtime and not due_waiting:
             urgent = realtime[0]  # EDF order
             headroom = urgent.deadline_ms - start_ms - self.settings.margin_ms
-            fit = controller.tokens_within(headroom / self.overrun)
-            if self.shapes.seq_len(urgent.bucket) <= fit < budget:
-                budget = fit
+            seq = self.shapes.seq_len(urgent.bucket)
+            if controller.tokens_within(headroom) >= seq:  # it can make it, as predicted
+                fit = max(controller.tokens_within(headroom / self.overrun), seq)
+                budget = min(budget, fit)
         return budget
 
     def _triage(
@@ -343,6 +344,7 @@ class Scheduler(Generic[T]):
         lay = functools.partial(
             triage, realtime, self.shapes, start_ms=start_ms,
             predict_ms=self._planned_ms, max_items=s.max_items, margin_ms=s.margin_ms,
+            alone_ms=self.controller.predict_ms,  # rejected only when hopeless as predicted
         )  # fmt: skip
         capped = lay(max_tokens=budget)
         if not capped.batches or (len(capped.batches) == 1 and not capped.hopeless):

@@ -68,14 +68,18 @@ def triage(
     max_items: int,
     max_tokens: int,
     margin_ms: float,
+    alone_ms: Callable[[int], float] | None = None,
 ) -> Triage[T]:
     """Lay ``entries`` (deadline order) out into batches from ``start_ms`` (see the
-    module's promise). Mutates nothing."""
+    module's promise). Mutates nothing. ``alone_ms`` (default ``predict_ms``) judges
+    whether a request could finish alone, so is hopeless: the caller may size batches
+    on a more cautious prediction than it rejects on."""
+    alone = predict_ms if alone_ms is None else alone_ms
     out: Triage[T] = Triage()
     rest = list(entries)
     t = float(start_ms)
     while rest and len(out.batches) < MAX_BATCHES:
-        while rest and t + predict_ms(shapes.seq_len(rest[0].bucket)) > rest[0].deadline_ms:
+        while rest and t + alone(shapes.seq_len(rest[0].bucket)) > rest[0].deadline_ms:
             out.hopeless.append(rest.pop(0))  # too late even alone, now and later
         if not rest:
             break
