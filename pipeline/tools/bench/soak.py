@@ -346,6 +346,10 @@ def run_soak(
             run.close()
         if broker is not None:
             broker.down()
+        logs = config.out / "logs"  # the workers' logs outlive their data folders
+        for log in (config.out / "work").glob("*.log"):
+            logs.mkdir(exist_ok=True)
+            shutil.move(log, logs / log.name)
         shutil.rmtree(config.out / "work", ignore_errors=True)
 
 
