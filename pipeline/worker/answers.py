@@ -81,11 +81,6 @@ class Answers:
             self._spawn(self._serve_stored(work, found.stored))
         return None
 
-    async def _serve_stored(self, work: Work, stored: bytes) -> None:
-        if not await self.from_store(work.incoming, work.request, stored):
-            work.stored_unusable = True  # unreadable or another version's: compute afresh
-            self._emit(Recompute(work))
-
     async def results(self, answers: list[Work]) -> None:
         """Publish a batch's results, each a work with its ``prediction`` and ``leader``
         set (:meth:`Work.answered_by`): all are handed to the producer first, then each
@@ -184,14 +179,18 @@ class Answers:
                 ) from exc
         await self._answered(work.incoming, work.request, work.served)
 
-    async def from_store(self, incoming: Incoming, request: Request, stored: bytes) -> bool:
-        """Publish a stored result for ``request``; False when it is unusable (recompute)."""
+    async def _serve_stored(self, work: Work, stored: bytes) -> None:
+        """Publish a stored result for ``work``; one unreadable or of another model
+        version is computed afresh instead (``Recompute``)."""
         try:
             record = result_codec().decode(stored)
         except PermanentError:
-            return False
-        if record["model_version"] != self.settings.model.version:
-            return False
+            record = None
+        if record is None or record["model_version"] != self.settings.model.version:
+            work.stored_unusable = True  # the store is not asked again for it
+            self._emit(Recompute(work))
+            return
+        incoming, request = work.incoming, work.request
         record = {
             **record,
             "request_id": request.request_id,
@@ -209,9 +208,8 @@ class Answers:
             await self.publisher.result(request.content_hash.encode("ascii"), record)
         except PublishRejected as exc:  # surely not written
             await self.dead_letter(incoming, exc, 1, request.request_id)
-            return True
+            return
         await self._answered(incoming, request, "stored")
-        return True
 
     async def dead_letter(
         self, incoming: Incoming, error: BaseException, attempts: int, request_id: str | None

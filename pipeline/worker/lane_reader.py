@@ -132,7 +132,7 @@ class LaneReader:
     def _pass(self, runtime: Runtime) -> int:
         """Take up to CHUNK records, realtime's first; return how many."""
         if self._stopping:
-            self.give_up()  # fetched after the stop began: read again after a restart
+            self.ledger.give_up()  # fetched after the stop began: read again after a restart
             return 0
         taken = 0
         for lane in LANES:
@@ -249,8 +249,3 @@ class LaneReader:
         ledger's ``give_up`` drops those buffered now), so its stop waits for no record
         it has not taken on."""
         self._stopping = True
-
-    def give_up(self) -> int:
-        """Drop every buffered record (its offset stays uncommitted and is read again
-        after the rebalance or restart); return how many."""
-        return self.ledger.give_up()[1]
