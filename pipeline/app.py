@@ -78,7 +78,7 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         key_type=bytes,  # bytes types make Faust use the raw serializer
         value_type=bytes,
         partitions=s.topics.partitions,
-        options=retention.table_options(),
+        options=retention.table_options(s.dedupe.store_memory_mib),
         extra_topic_configs=retention.changelog_config(),
     )
     lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}

@@ -183,12 +183,34 @@ class RetrySettings:
     backoff_max_ms: int = _field(2000, "largest backoff")
 
 
+#: The least RocksDB memory a partition of stored results may have
+#: (``DedupeSettings.store_memory_mib``): 1 MiB memtables, a 2 MiB cache.
+MIN_STORE_MEMORY_MIB = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class DedupeSettings:
     """The stored-result level of dedupe (RocksDB table)."""
 
-    ttl_s: int = _field(7 * 24 * 3600, "seconds a stored result stays valid")
+    ttl_s: int = _field(
+        7 * 24 * 3600,
+        "seconds a stored result stays valid, and about how long it stays on disk: the "
+        "store keeps about 1.6 KB per new text for this long (the README's bounds)",
+    )
     enabled: bool = _field(True, "serve repeated texts from stored results")
+    store_memory_mib: int = _field(
+        32,
+        "RocksDB memory of the stored results per partition, in MiB: two memtables of a "
+        "quarter each and a block cache of half; a worker holds this times its partitions",
+    )
+
+    def __post_init__(self) -> None:
+        if self.store_memory_mib < MIN_STORE_MEMORY_MIB:
+            raise ConfigurationError(
+                f"PIPELINE_DEDUPE_STORE_MEMORY_MIB={self.store_memory_mib}: expected at least "
+                f"{MIN_STORE_MEMORY_MIB} (MiB per partition: two memtables of a quarter each "
+                "and a block cache of half)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = [
-    "STORE_MEMORY",
     "TABLE_NAME",
     "Retention",
     "SingleFlight",
     "StoredEntry",
     "StoredResults",
     "changelog_topic",
+    "store_memory",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,15 +38,20 @@ _STORED = struct.Struct(">q")
 #: The Faust table of stored results; its changelog topic is ``{app_id}-dedupe-changelog``.
 TABLE_NAME = "dedupe"
 
-#: RocksDB's memory per partition store: two memtables of 8 MiB and a 16 MiB block
-#: cache (32 MiB at most). Faust's defaults (three 64 MiB memtables, a 2 GiB cache,
-#: each per partition) let a worker's RSS grow by every result stored, about 300 MiB
-#: an hour at 50 req/s of new texts, for gigabytes before a plateau (docs/soak).
-STORE_MEMORY = {
-    "write_buffer_size": 8 * 1024 * 1024,
-    "max_write_buffer_number": 2,
-    "block_cache_size": 16 * 1024 * 1024,
-}
+_MIB = 1024 * 1024
+
+
+def store_memory(mib: int) -> dict[str, int]:
+    """RocksDB's options for a partition store that holds at most ``mib`` MiB in memory
+    (``PIPELINE_DEDUPE_STORE_MEMORY_MIB``): two memtables of a quarter each and a block
+    cache of half. Faust's defaults (three 64 MiB memtables, a 2 GiB cache, each per
+    partition) let a worker's RSS grow by every result stored, about 300 MiB an hour at
+    50 req/s of new texts, for gigabytes before a plateau (docs/soak)."""
+    return {
+        "write_buffer_size": mib * _MIB // 4,
+        "max_write_buffer_number": 2,
+        "block_cache_size": mib * _MIB // 2,
+    }
 
 
 def changelog_topic(app_id: str) -> str:
@@ -74,10 +79,11 @@ class Retention:
         """Whether an entry stored at ``stored_at_ms`` may still be served at ``now_ms``."""
         return now_ms - stored_at_ms <= self.ttl_ms
 
-    def table_options(self) -> dict[str, int]:
+    def table_options(self, memory_mib: int) -> dict[str, int]:
         """The Faust table's RocksDB options: entries past the TTL go at compaction, and
-        each partition's store holds at most :data:`STORE_MEMORY`'s bytes in memory."""
-        return {"ttl": max(1, self.ttl_ms // 1000), **STORE_MEMORY}
+        each partition's store holds at most ``memory_mib`` MiB in memory
+        (:func:`store_memory`)."""
+        return {"ttl": max(1, self.ttl_ms // 1000), **store_memory(memory_mib)}
 
     def changelog_config(self) -> dict[str, str]:
         """Topic config of the dedupe table's changelog: compacted, and pruned once older

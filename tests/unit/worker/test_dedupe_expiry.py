@@ -16,7 +16,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from pipeline.worker.dedupe import STORE_MEMORY
+import pytest
+
+from pipeline.errors import ConfigurationError
+from pipeline.settings import DedupeSettings, Settings
+from pipeline.worker.dedupe import store_memory
 
 
 def _run(code: str) -> dict[str, Any]:
@@ -84,12 +88,20 @@ def test_expired_stored_results_leave_rocksdb_at_compaction(tmp_path: Path) -> N
     assert out["new_after"] == "fresh"
 
 
+@pytest.mark.parametrize("memory_mib", [None, "8"], ids=["default", "8-mib"])
 def test_the_stores_memory_stays_within_its_bound_however_many_results_are_stored(
-    tmp_path: Path,
+    tmp_path: Path, memory_mib: str | None
 ) -> None:
     """40 MB of distinct results into one partition of the worker's app's store: its
-    memtables never hold more than STORE_MEMORY allows (the rest is flushed to disk),
-    and its block cache has STORE_MEMORY's capacity (Faust's default is 2 GiB)."""
+    memtables never hold more than PIPELINE_DEDUPE_STORE_MEMORY_MIB allows (the rest is
+    flushed to disk), and its block cache has the setting's capacity (Faust's default is
+    2 GiB), at the default and at a bound set through the setting."""
+    env = {
+        "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "PIPELINE_WORKER_APP_ID": "memory-test",
+        "PIPELINE_WORKER_DATA_DIR": str(tmp_path),
+        **({"PIPELINE_DEDUPE_STORE_MEMORY_MIB": memory_mib} if memory_mib else {}),
+    }
     code = f"""
         import json, os, time
         from types import SimpleNamespace
@@ -98,11 +110,7 @@ def test_the_stores_memory_stays_within_its_bound_however_many_results_are_store
         from pipeline.settings import Settings
         from pipeline.worker.dedupe import TABLE_NAME, Retention, StoredResults
 
-        settings = Settings.from_env({{
-            "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
-            "PIPELINE_WORKER_APP_ID": "memory-test",
-            "PIPELINE_WORKER_DATA_DIR": {str(tmp_path)!r},
-        }})
+        settings = Settings.from_env({env!r})
         app = create_app(settings)
         table = app.tables[TABLE_NAME]
         store = faust_edge.ChangelogStore(table, lambda *args: None)
@@ -123,7 +131,19 @@ def test_the_stores_memory_stays_within_its_bound_however_many_results_are_store
         }}))
     """
     out = _run(code)
-    memtables = STORE_MEMORY["write_buffer_size"] * STORE_MEMORY["max_write_buffer_number"]
+    mib = Settings.from_env(env).dedupe.store_memory_mib
+    assert mib == (int(memory_mib) if memory_mib else 32)
+    bound = store_memory(mib)
+    memtables = bound["write_buffer_size"] * bound["max_write_buffer_number"]
+    assert memtables + bound["block_cache_size"] == mib * 2**20
     assert 0 < out["most_in_memtables"] <= memtables * 1.1  # an arena block of slack
-    assert out["cache"] == STORE_MEMORY["block_cache_size"]
+    assert out["cache"] == bound["block_cache_size"]
     assert out["readable"] == len(range(0, 20_000, 999))
+
+
+def test_a_store_memory_below_its_least_is_refused_with_the_setting_named() -> None:
+    with pytest.raises(ConfigurationError, match="PIPELINE_DEDUPE_STORE_MEMORY_MIB=2: expected"):
+        Settings.from_env({"PIPELINE_DEDUPE_STORE_MEMORY_MIB": "2"})
+    with pytest.raises(ConfigurationError, match="expected a number"):
+        Settings.from_env({"PIPELINE_DEDUPE_STORE_MEMORY_MIB": "32MiB"})
+    assert DedupeSettings().store_memory_mib == 32
