@@ -15,10 +15,12 @@ growing unless it is bounded. At fixed points of the run:
 
 Every ``sample_s`` it reads the first worker's RSS and open file descriptors
 (``/proc``), its model process's RSS, its data folder's size on disk
-(RocksDB) and the group's consumer lag over the lane topics. Answers come
-back through the bench's collector, which also counts request ids answered
-more than once. :mod:`.soak_report` turns this into ``soak.json`` (the RSS
-slope after warm-up as ``summary.rss_slope_mib_per_hour``) and ``soak.png``.
+(RocksDB) and the group's consumer lag over the lane topics (:mod:`.soak_probes`).
+Answers come back through the bench's collector, which also counts request ids
+answered more than once. :mod:`.soak_report` turns this into ``soak.json`` and
+``soak.png``: the RSS slope after warm-up is ``summary.rss_slope_mib_per_hour``,
+the warm-up ending where the worker's RocksDB folder reaches its dedupe stores'
+memory bound (partitions x ``PIPELINE_DEDUPE_STORE_MEMORY_MIB``).
 """
 
 from __future__ import annotations
@@ -33,18 +35,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
 from pipeline.errors import PipelineError
 from pipeline.kafka.client import RequestProducer
-from pipeline.kafka.security import client_config, security_env
+from pipeline.kafka.security import security_env
 from pipeline.settings import LANES, Settings
 from pipeline.tools.bench import soak_report
 from pipeline.tools.bench.drive import wall_ms
 from pipeline.tools.bench.modes import Deployment, start_worker
 from pipeline.tools.bench.phases import run_phase, say
 from pipeline.tools.bench.run import BenchConfig
-from pipeline.tools.bench.stats import ProcProbe
+from pipeline.tools.bench.soak_probes import Lag, Sampler
 from pipeline.tools.bench.workload import BenchRequest, WorkloadSpec, generate
 from pipeline.tools.kafka_local import LocalKafka
 from pipeline.tools.supervise import WorkerProcess, free_port
@@ -69,12 +69,6 @@ class SoakConfig:
     worker_env: tuple[tuple[str, str], ...] = ()
     answer_timeout_s: float = 300.0  # the calibration phase's (run_phase reads it)
 
-    @property
-    def warmup_s(self) -> float:
-        """Samples before this do not count in the RSS slope: a sixth of the run, at
-        most 5 minutes."""
-        return min(300.0, self.duration_s / 6.0)
-
     def events(self) -> list[tuple[float, str]]:
         """(seconds after the load starts, event), in order."""
         d = self.duration_s
@@ -83,107 +77,6 @@ class SoakConfig:
             (d / 2.0, "worker leaves"),
             (2 * d / 3.0, "broker restart"),
         ]
-
-
-def rss_bytes(pid: int) -> int | None:
-    """VmRSS of ``pid`` now; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def open_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def dir_bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (0 when it is not there)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
-class _Lag:
-    """The worker group's lag over the lane topics: end offsets minus committed ones,
-    read through a consumer that never joins the group."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._consumer = Consumer(
-            {**client_config(settings), "group.id": settings.worker.app_id,
-             "enable.auto.commit": False}
-        )  # fmt: skip
-        topics = settings.topics
-        self._tps = [
-            TopicPartition(topics.lane_topic(lane), p)
-            for lane in LANES
-            for p in range(topics.partitions)
-        ]
-
-    def read(self) -> int | None:
-        try:
-            committed = self._consumer.committed(self._tps, timeout=5)
-            lag = 0
-            for tp in committed:
-                _low, high = self._consumer.get_watermark_offsets(tp, timeout=5)
-                lag += max(high - max(tp.offset, 0), 0)
-            return lag
-        except Exception:  # the broker restarting: no reading this time
-            return None
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-class _Sampler:
-    """Every ``every_s``: the first worker's readings, on a thread of its own."""
-
-    def __init__(self, worker: WorkerProcess, data_dir: Path, lag: _Lag, every_s: float) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.t0 = time.monotonic()
-        self._worker, self._data_dir, self._lag, self._every = worker, data_dir, lag, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
-        self._thread.start()
-
-    def _model_pid(self) -> int | None:
-        for pid in ProcProbe(self._worker.pid).children():
-            if "pipeline.inference.process" in ProcProbe(pid).cmdline():
-                return pid
-        return None
-
-    def sample(self) -> None:
-        pid, model = self._worker.pid, self._model_pid()
-        self.rows.append(
-            {
-                "t_s": round(time.monotonic() - self.t0, 1),
-                "rss_bytes": rss_bytes(pid),
-                "model_rss_bytes": rss_bytes(model) if model else None,
-                "open_fds": open_fds(pid),
-                "rocksdb_bytes": dir_bytes(self._data_dir),
-                "lag": self._lag.read(),
-            }
-        )
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            self.sample()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 def _send_steadily(
@@ -231,8 +124,8 @@ class _Run:
     broker: LocalKafka | None
     prefix: str = dataclasses.field(default_factory=lambda: f"soak-{uuid.uuid4().hex[:6]}-")
     joiner: WorkerProcess | None = None
-    sampler: _Sampler | None = None
-    lag: _Lag | None = None
+    sampler: Sampler | None = None
+    lag: Lag | None = None
     rate: float = 0.0
     calibration: dict[str, Any] | None = None
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -261,11 +154,11 @@ class _Run:
         spec = WorkloadSpec(n=n, seed=config.seed, rate=self.rate, dup_rate=config.dup_rate)
         workload = generate(spec)
         data_dir = Path(dep.worker_envs[0]["PIPELINE_WORKER_DATA_DIR"])
-        self.lag = _Lag(dep.settings)
+        self.lag = Lag(dep.settings)
         stop = threading.Event()
         with RequestProducer(dep.settings, source="pipeline bench soak") as producer:
             producer.connect()
-            self.sampler = sampler = _Sampler(dep.workers[0], data_dir, self.lag, config.sample_s)
+            self.sampler = sampler = Sampler(dep.workers[0], data_dir, self.lag, config.sample_s)
             self.started_ms = wall_ms()
             sender = threading.Thread(
                 target=_send_steadily, args=(producer, workload),
@@ -383,12 +276,11 @@ def _report(run: _Run) -> dict[str, Any]:
     expired = [(a.received_ms - t0) / 1000.0 for a in realtime if a.stage == "expired"]
     repeats = [(ms - t0) / 1000.0 for rid, ms in collector.repeats if rid.startswith(run.prefix)]
     sent = _sent(run.dep, run.prefix)
-    rss = [(r["t_s"], r["rss_bytes"]) for r in sampler.rows if r["rss_bytes"] is not None]
-    model_rss = [(r["t_s"], r["model_rss_bytes"] / soak_report.MIB) for r in sampler.rows
-                 if r["model_rss_bytes"] is not None and r["t_s"] >= config.warmup_s]  # fmt: skip
-    summary = soak_report.summarise(rss, latencies, warmup_s=config.warmup_s,
-                                    duration_s=config.duration_s)  # fmt: skip
-    summary["model_rss_slope_mib_per_hour"] = soak_report.slope_per_hour(model_rss)
+    worker = Settings.from_env(run.dep.worker_envs[0])  # the bound the worker ran with
+    bound = soak_report.store_bound_bytes(worker.dedupe.store_memory_mib, worker.topics.partitions)
+    summary = soak_report.summarise(sampler.rows, latencies, bound_bytes=bound,
+                                    duration_s=config.duration_s,
+                                    new_texts=sent * (1.0 - config.dup_rate))  # fmt: skip
     stages = sorted({a.stage for a in answers if a.stage})
     calibration = run.calibration
     return {

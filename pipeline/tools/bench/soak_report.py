@@ -5,13 +5,22 @@
 - :func:`window_p99`: the p99 of the latencies received in one window;
 - :func:`repeats_by_event`: the answers repeated (a request id answered more than
   once) in each stretch that starts at an event;
-- :func:`summarise`: the report's headline figures and the targets they meet;
+- :func:`warmup_at_store_bound`: where the warm-up ends, from the dedupe store's
+  memory bound, not from the RSS it is meant to judge;
+- :func:`summarise`: the report's headline figures and the targets they meet
+  (:func:`memory_summary` and :func:`latency_summary`);
 - :func:`plot`: ``soak.png``, the timeline of every reading with the events marked.
+
+``python -m pipeline.tools.bench.soak_report SOAK_JSON`` recomputes a written
+report's memory figures from its samples (and its plot), e.g. for a run taken
+before the warm-up rule.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +29,18 @@ from pipeline.tools.bench.stats import percentile
 
 __all__ = [
     "MIB",
+    "MIN_AFTER_WARMUP_S",
     "P99_DRIFT_TARGET",
     "RSS_SLOPE_TARGET_MIB_H",
+    "latency_summary",
+    "memory_summary",
     "per_minute",
     "plot",
     "repeats_by_event",
     "slope_per_hour",
+    "store_bound_bytes",
     "summarise",
+    "warmup_at_store_bound",
     "window_p99",
 ]
 
@@ -35,6 +49,17 @@ MIB = 1024 * 1024
 #: over the first 5 minutes'.
 RSS_SLOPE_TARGET_MIB_H = 20.0
 P99_DRIFT_TARGET = 1.2
+#: A slope counts against its target only over at least this long after the warm-up.
+MIN_AFTER_WARMUP_S = 1200.0
+#: The warm-up the first soaks used (a sixth of the run, at most this), reported beside
+#: the store-bound one for comparison.
+FIXED_WARMUP_S = 300.0
+
+WARMUP_RULE = (
+    "the first sample at which the first worker's RocksDB folder holds as many bytes as "
+    "its dedupe stores' memory bound (partitions x PIPELINE_DEDUPE_STORE_MEMORY_MIB): "
+    "before it their memtables and block caches may still be filling"
+)
 
 
 def slope_per_hour(points: Sequence[tuple[float, float]]) -> float | None:
@@ -97,27 +122,89 @@ def repeats_by_event(
     return out
 
 
-def summarise(
-    rss: Sequence[tuple[float, float]],
-    latencies: Sequence[tuple[float, float]],
+def store_bound_bytes(memory_mib: int, partitions: int) -> int:
+    """What a worker's dedupe stores may hold in memory at most: ``memory_mib`` MiB
+    (``PIPELINE_DEDUPE_STORE_MEMORY_MIB``) for each of ``partitions``."""
+    return memory_mib * MIB * partitions
+
+
+def warmup_at_store_bound(rows: Sequence[Mapping[str, Any]], bound_bytes: int) -> float | None:
+    """The first sample's ``t_s`` whose ``rocksdb_bytes`` reach ``bound_bytes``; None when
+    none does. Until the stores have written as many bytes as their memory bound, their
+    memtables and block caches may still be filling (a memtable's entries are also in the
+    write-ahead log, a cached block is a block of a file), so RSS may still grow; after it
+    they can be full, and growth would be something else."""
+    for row in rows:
+        if (row.get("rocksdb_bytes") or 0) >= bound_bytes:
+            return float(row["t_s"])
+    return None
+
+
+def _slope_after(rows: Sequence[Mapping[str, Any]], key: str, from_s: float) -> float | None:
+    return slope_per_hour(
+        [(r["t_s"], r[key] / MIB) for r in rows if r.get(key) is not None and r["t_s"] >= from_s]
+    )
+
+
+def memory_summary(
+    rows: Sequence[Mapping[str, Any]],
     *,
-    warmup_s: float,
+    bound_bytes: int,
     duration_s: float,
-    window_s: float = 300.0,
+    new_texts: float = 0.0,
 ) -> dict[str, Any]:
-    """The headline: RSS slope after ``warmup_s`` (``rss`` in bytes), realtime p99 of
-    the first and last ``window_s`` (shortened to a sixth of a short run), their
-    ratio, and whether each meets its target."""
+    """The worker's RSS against its target: the warm-up ends at the store bound
+    (:func:`warmup_at_store_bound`), the slope after it counts when at least
+    :data:`MIN_AFTER_WARMUP_S` of the run follow; beside it the slope after the fixed
+    warm-up of the first soaks and over the last 10 minutes, RSS at the marks, and the
+    store's bytes on disk per new text (``new_texts``: how many were sent)."""
+    warmup = warmup_at_store_bound(rows, bound_bytes)
+    after = None if warmup is None else max(duration_s - warmup, 0.0)
+    slope = None if warmup is None else _slope_after(rows, "rss_bytes", warmup)
+    rss = [(r["t_s"], r["rss_bytes"] / MIB) for r in rows if r.get("rss_bytes") is not None]
+    at_warmup = next((v for t, v in rss if warmup is not None and t >= warmup), None)
+    disk = rows[-1].get("rocksdb_bytes") if rows else None
+    return {
+        "store_bound_mib": bound_bytes / MIB,
+        "warmup_rule": WARMUP_RULE,
+        "warmup_s": warmup,
+        "after_warmup_s": after,
+        "rss_slope_mib_per_hour": slope,
+        "rss_slope_target_mib_per_hour": RSS_SLOPE_TARGET_MIB_H,
+        "rss_slope_min_after_warmup_s": MIN_AFTER_WARMUP_S,
+        "rss_slope_met": slope is not None
+        and after is not None
+        and after >= MIN_AFTER_WARMUP_S
+        and slope <= RSS_SLOPE_TARGET_MIB_H,
+        "rss_slope_after_fixed_warmup_mib_per_hour": _slope_after(
+            rows, "rss_bytes", min(FIXED_WARMUP_S, duration_s / 6.0)
+        ),
+        "rss_slope_last_10min_mib_per_hour": _slope_after(
+            rows, "rss_bytes", max(duration_s - 600.0, 0.0)
+        ),
+        "rss_mib": {
+            "first": rss[0][1] if rss else None,
+            "at_warmup": at_warmup,
+            "last": rss[-1][1] if rss else None,
+            "max": max((v for _, v in rss), default=None),
+        },
+        "model_rss_slope_mib_per_hour": None
+        if warmup is None
+        else _slope_after(rows, "model_rss_bytes", warmup),
+        "rocksdb_bytes_per_new_text": disk / new_texts if disk and new_texts else None,
+    }
+
+
+def latency_summary(
+    latencies: Sequence[tuple[float, float]], *, duration_s: float, window_s: float = 300.0
+) -> dict[str, Any]:
+    """Realtime p99 of the first and last ``window_s`` (shortened to a sixth of a short
+    run), their ratio, and whether it meets its target."""
     window_s = min(window_s, duration_s / 6.0)
-    slope = slope_per_hour([(t, b / MIB) for t, b in rss if t >= warmup_s])
     first = window_p99(latencies, 0.0, window_s)
     last = window_p99(latencies, duration_s - window_s, duration_s)
     ratio = last / first if first and last is not None else None
     return {
-        "warmup_s": warmup_s,
-        "rss_slope_mib_per_hour": slope,
-        "rss_slope_target_mib_per_hour": RSS_SLOPE_TARGET_MIB_H,
-        "rss_slope_met": slope is not None and slope <= RSS_SLOPE_TARGET_MIB_H,
         "p99_window_s": window_s,
         "realtime_p99_first_ms": first,
         "realtime_p99_last_ms": last,
@@ -125,6 +212,23 @@ def summarise(
         "realtime_p99_ratio_target": P99_DRIFT_TARGET,
         "realtime_p99_flat": ratio is not None and ratio <= P99_DRIFT_TARGET,
     }
+
+
+def summarise(
+    rows: Sequence[Mapping[str, Any]],
+    latencies: Sequence[tuple[float, float]],
+    *,
+    bound_bytes: int,
+    duration_s: float,
+    new_texts: float = 0.0,
+) -> dict[str, Any]:
+    """The headline: :func:`memory_summary` of the samples ``rows`` and
+    :func:`latency_summary` of the realtime ``(received_s, latency_ms)``."""
+    return {
+        **memory_summary(rows, bound_bytes=bound_bytes, duration_s=duration_s,
+                         new_texts=new_texts),
+        **latency_summary(latencies, duration_s=duration_s),
+    }  # fmt: skip
 
 
 def plot(report: Mapping[str, Any], out: Path) -> Path:
@@ -150,6 +254,17 @@ def plot(report: Mapping[str, Any], out: Path) -> Path:
     axes[1].set_ylabel("open fds (worker)")
     axes[2].plot(ts, series("rocksdb_bytes", MIB), color="tab:brown")
     axes[2].set_ylabel("RocksDB on disk (MiB)")
+    head = report["summary"]
+    if head.get("store_bound_mib"):
+        axes[2].axhline(head["store_bound_mib"], color="grey", linewidth=0.8, linestyle=":",
+                        label="stores' memory bound")  # fmt: skip
+        axes[2].legend(fontsize=8)
+    if head.get("warmup_s") is not None:
+        for ax in axes[:3]:
+            ax.axvline(head["warmup_s"] / 60.0, color="tab:orange", linewidth=1.0)
+        axes[0].annotate("warm-up ends (store bound on disk)", (head["warmup_s"] / 60.0, 0.02),
+                         xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
+                         color="tab:orange")  # fmt: skip
     axes[3].plot(ts, series("lag"), color="tab:red")
     axes[3].set_ylabel("consumer lag (records)")
     minutes = report["per_minute"]
@@ -169,14 +284,40 @@ def plot(report: Mapping[str, Any], out: Path) -> Path:
         axes[0].annotate(event["event"], (event["t_s"] / 60.0, 1.0), xycoords=("data",
                          "axes fraction"), fontsize=7, rotation=90, va="top")  # fmt: skip
     axes[-1].set_xlabel("minutes since the soak's load started")
-    head = report["summary"]
     slope = head["rss_slope_mib_per_hour"]
     title = f"Soak, {report['config']['duration_s']:.0f} s at {report['offered_rate']:.1f} req/s"
     if slope is not None:
         title += f": worker RSS slope {slope:.1f} MiB/h after warm-up"
+    else:
+        title += ": the stores never reached their bound (no slope)"
     axes[0].set_title(title, fontsize=10)
     fig.tight_layout()
     path = out / "soak.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def rereport(path: Path) -> dict[str, Any]:
+    """Recompute ``path``'s (a ``soak.json``) memory figures from its samples, with the
+    bound its workers ran with (its ``config.worker_env`` over the defaults), and
+    rewrite it and its plot; the latency figures need every latency and stay."""
+    from pipeline.settings import Settings
+
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    config = report["config"]
+    settings = Settings.from_env(dict(config.get("worker_env") or ()))
+    bound = store_bound_bytes(settings.dedupe.store_memory_mib, settings.topics.partitions)
+    report["summary"].update(
+        memory_summary(report["samples"], bound_bytes=bound, duration_s=config["duration_s"],
+                       new_texts=report["sent"] * (1.0 - config["dup_rate"]))
+    )  # fmt: skip
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    plot(report, path.parent)
+    return report
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        head = rereport(Path(arg))["summary"]
+        print(arg, json.dumps({k: v for k, v in head.items() if k != "warmup_rule"}, indent=1))
