@@ -1,6 +1,7 @@
 """Scheduling: which requests run together, and when. Pure: no Faust, torch or asyncio.
 
-- :mod:`.lanes`: :class:`Item`, bounded EDF queues per lane, pause/resume hysteresis
+- :mod:`.lanes`: :class:`Queued` (what it reads of a request), bounded EDF queues per
+  lane, pause/resume hysteresis
 - :mod:`.budget`: length buckets, the token budget, :class:`Plan`, batch assembly
 - :mod:`.controller`: the latency model and the budget's closed loop
 - :mod:`.triage`: which realtime requests can still make their deadline, batch by batch
@@ -14,7 +15,7 @@ Wiring, in short::
 
 from pipeline.scheduling.budget import Plan, Shapes
 from pipeline.scheduling.controller import Controller, LatencyModel
-from pipeline.scheduling.lanes import Item
+from pipeline.scheduling.lanes import Queued
 from pipeline.scheduling.scheduler import Scheduler
 
-__all__ = ["Controller", "Item", "LatencyModel", "Plan", "Scheduler", "Shapes"]
+__all__ = ["Controller", "LatencyModel", "Plan", "Queued", "Scheduler", "Shapes"]

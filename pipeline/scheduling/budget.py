@@ -52,11 +52,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipeline.scheduling.lanes import Entry, Item, LaneQueues
+from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
 
 __all__ = ["DUE", "LATE", "ON_TIME", "Draft", "Plan", "Shapes", "assemble"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Queued)
 
 #: Requests one bucket away join only while the batch stays under this padding.
 MAX_AFFINITY_PADDING = 0.5
@@ -103,8 +103,8 @@ class Plan(Generic[T]):
     ``expired`` when the plan only carries expired requests (``items`` empty).
     """
 
-    items: list[Item[T]]
-    expired: list[Item[T]]
+    items: list[T]
+    expired: list[T]
     seq_len: int
     batch_shape: int
     real_tokens: int

@@ -16,27 +16,31 @@ import bisect
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Entry", "Item", "LaneQueues"]
-
-T = TypeVar("T")
+__all__ = ["Entry", "LaneQueues", "Queued"]
 
 
-@dataclass(frozen=True, eq=False)
-class Item(Generic[T]):
-    """One request as the scheduler sees it.
+class Queued(Protocol):
+    """What the scheduler reads of a request (the worker's ``Work`` is one).
 
     ``deadline_ms`` is absolute (the caller resolves lane defaults),
     ``arrived_ms`` is when the worker accepted it, ``tokens`` the length the
-    model will see (special tokens included). Items compare by identity.
+    model will see (special tokens included). The scheduler holds requests by
+    reference and tells them apart by identity, never by value.
     """
 
-    payload: T
-    lane: str
-    deadline_ms: int
-    arrived_ms: int
-    tokens: int
+    @property
+    def lane(self) -> str: ...
+    @property
+    def deadline_ms(self) -> int: ...
+    @property
+    def arrived_ms(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+
+
+T = TypeVar("T", bound=Queued)
 
 
 @dataclass(order=True)
@@ -45,7 +49,7 @@ class Entry(Generic[T]):
 
     deadline_ms: int
     seq: int
-    item: Item[T] = field(compare=False)
+    item: T = field(compare=False)
     bucket: int = field(compare=False)  # index into the sequence-length buckets
 
 
@@ -81,7 +85,7 @@ class LaneQueues(Generic[T]):
     def full(self, lane: str) -> bool:
         return self.depth(lane) >= self.high
 
-    def offer(self, item: Item[T], bucket: int) -> bool:
+    def offer(self, item: T, bucket: int) -> bool:
         """Queue ``item`` in deadline order; ``False`` (nothing queued) when its lane is full."""
         queue = self._queue(item.lane)
         if len(queue) >= self.high:

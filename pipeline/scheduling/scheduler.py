@@ -82,7 +82,7 @@ from typing import Generic, TypeVar
 
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
-from pipeline.scheduling.lanes import Entry, Item, LaneQueues
+from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
 from pipeline.scheduling.triage import triage
 from pipeline.settings import LANES, SchedulerSettings
 
@@ -99,7 +99,7 @@ FLOW_MS = 1000
 OVERRUN_BATCHES = 4
 MAX_OVERRUN = 3.0
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Queued)
 
 REASONS = ("deadline", "aged", "full", "window", "expired")
 
@@ -160,7 +160,7 @@ class Scheduler(Generic[T]):
 
     # -- queues and backpressure ---------------------------------------------
 
-    def offer(self, item: Item[T]) -> bool:
+    def offer(self, item: T) -> bool:
         """Queue ``item``; ``False`` (not queued) when its lane's queue is full."""
         if item.lane == self.lanes[0]:
             self.realtime_seen_ms = max(self.realtime_seen_ms, item.arrived_ms)
@@ -201,7 +201,7 @@ class Scheduler(Generic[T]):
     def next_batch(self, now_ms: int, *, engine_free_ms: float | None = None) -> Plan[T] | None:
         """The batch to run now, with any expired requests; ``None`` when nothing is due.
         ``engine_free_ms`` as for :meth:`wait_ms` (pass the same to both)."""
-        expired: list[Item[T]] = []
+        expired: list[T] = []
         decision = None
         while len(self.queues):
             decision = self._decide(now_ms, engine_free_ms)

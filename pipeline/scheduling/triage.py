@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from pipeline.scheduling.budget import Shapes
-from pipeline.scheduling.lanes import Entry
+from pipeline.scheduling.lanes import Entry, Queued
 
 __all__ = ["MAX_BATCHES", "Triage", "triage"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Queued)
 
 #: Batches a triage lays out at most; requests past them are judged in later decisions.
 MAX_BATCHES = 8

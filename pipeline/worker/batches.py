@@ -113,18 +113,16 @@ class BatchLoop:
             plan = self.scheduler.next_batch(now, engine_free_ms=self._engine_free_ms)
             if plan is not None:
                 self.gates.apply()
-                for item in plan.expired:
-                    req = item.payload.request
+                for work in plan.expired:
+                    req = work.request
                     late = now - req.deadline_ms
-                    trip = item.payload.arrived_ms - req.created_at_ms
+                    trip = work.arrived_ms - req.created_at_ms
                     error = ExpiredError(
                         f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now; "
                         f"reached the worker {trip} ms after it was made, waited "
-                        f"{now - item.payload.arrived_ms} ms here)"
+                        f"{now - work.arrived_ms} ms here)"
                     )
-                    self._spawn(
-                        self.answers.dead_letter(item.payload.incoming, error, 1, req.request_id)
-                    )
+                    self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
                 if plan.items:
                     return plan
                 continue
@@ -133,7 +131,7 @@ class BatchLoop:
                 await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
 
     async def _run_plan(self, plan: Plan[Work]) -> None:
-        batch = [item.payload for item in plan.items]
+        batch = plan.items
         start = self._clock_ms()
         try:
             ran = await self.compute.run_batch(batch, shape=(plan.seq_len, plan.batch_shape))

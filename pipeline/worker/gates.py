@@ -17,14 +17,14 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.scheduling import Item, Scheduler
+from pipeline.scheduling import Queued, Scheduler
 from pipeline.settings import LANES
 
 __all__ = ["LaneGates"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Queued)
 
 
 class LaneGates(Generic[T]):
@@ -45,13 +45,13 @@ class LaneGates(Generic[T]):
         self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
         self.paused: set[str] = set()  # lanes paused now, for any reason: take none
         # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
-        self._parked: dict[str, deque[Item[T]]] = {lane: deque() for lane in LANES}
+        self._parked: dict[str, deque[T]] = {lane: deque() for lane in LANES}
 
     def open(self, lane: str) -> bool:
         """Whether ``lane`` takes records now (not paused, nothing parked)."""
         return lane not in self.paused and not self._parked[lane]
 
-    def offer(self, item: Item[T]) -> None:
+    def offer(self, item: T) -> None:
         """Queue ``item`` in the scheduler; park it (and pause its lane) while the lane's
         queue is full or earlier work of the lane is parked."""
         parked = self._parked[item.lane]
@@ -101,6 +101,6 @@ class LaneGates(Generic[T]):
         """Take every parked work out (a rebalance gives up what was not started)."""
         out: list[T] = []
         for parked in self._parked.values():
-            out.extend(item.payload for item in parked)
+            out.extend(parked)
             parked.clear()
         return out

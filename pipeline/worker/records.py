@@ -67,13 +67,23 @@ class Request:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)
 class Work:
-    """A valid request on its way through scheduling and the model."""
+    """A valid request on its way through scheduling and the model.
+
+    It is what the scheduler queues and plans (a
+    :class:`~pipeline.scheduling.Queued`: ``lane``, ``deadline_ms``,
+    ``arrived_ms``, ``tokens``), held by reference and told apart by identity.
+    """
 
     incoming: Incoming
     request: Request
     arrived_ms: int
+    #: The deadline it is scheduled by, set when it is offered (``Deadlines.schedule_by``:
+    #: its own, or what load shedding makes of it).
+    deadline_ms: int = 0
+    #: The length the model will see, estimated when it is offered (for buckets).
+    tokens: int = 0
     served: str = "computed"
     attempts: int = 0
     queue_ms: float = 0.0
@@ -92,6 +102,10 @@ class Work:
     #: computation it joined). A work with both set is an answer to publish.
     prediction: Prediction | None = None
     leader: Work | None = None
+
+    @property
+    def lane(self) -> str:
+        return self.request.lane
 
     def answered_by(self, leader: Work, prediction: Prediction) -> Work:
         """Set its result, computed by ``leader``; return it (an answer to publish)."""

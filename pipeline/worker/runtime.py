@@ -42,7 +42,7 @@ from pipeline.codecs.keys import InputKeys
 from pipeline.errors import PermanentError
 from pipeline.inference import InferenceEngine
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.scheduling import Controller, Item, Scheduler
+from pipeline.scheduling import Controller, Scheduler
 from pipeline.scheduling.deadlines import Deadlines
 from pipeline.scheduling.degrade import Shedding
 from pipeline.scheduling.tokens import estimate_tokens
@@ -258,11 +258,11 @@ class Runtime:
         """Hand work to the scheduler, through its lane's gate (parked while it is full)."""
         req = work.request
         # An estimate is enough to bucket by length (scheduling.tokens: words and pieces).
-        tokens = estimate_tokens(req.text, self._max_tokens)
-        deadline = self.deadlines.schedule_by(
+        work.tokens = estimate_tokens(req.text, self._max_tokens)
+        work.deadline_ms = self.deadlines.schedule_by(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
-        self.gates.offer(Item(work, req.lane, deadline, work.arrived_ms, tokens))
+        self.gates.offer(work)
         self.batches.wake()
 
     # -- batches --------------------------------------------------------------
@@ -279,7 +279,7 @@ class Runtime:
         partition's next owner reads them again. Returns how many inputs were abandoned."""
         entries = list(self.scheduler.queues.all_entries())
         self.scheduler.queues.remove(entries)
-        unstarted = [e.item.payload for e in entries] + self.gates.give_up()
+        unstarted = [e.item for e in entries] + self.gates.give_up()
         stranded, dropped = self.ledger.give_up([work.incoming for work in unstarted])
         self.gates.apply()
         if unstarted:

@@ -7,19 +7,32 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.scheduling import Controller, Item, Plan, Scheduler
+from pipeline.scheduling import Controller, Plan, Scheduler
 from pipeline.settings import SchedulerSettings
 
 __all__ = [
-    "DEADLINE", "REALTIME", "SLO_MS", "Run", "cpu_ms", "drive", "item", "lanes_of", "scheduler",
-    "settings",
+    "DEADLINE", "REALTIME", "SLO_MS", "Item", "Run", "cpu_ms", "drive", "item", "lanes_of",
+    "scheduler", "settings",
 ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Item:
+    """A request as the scheduler reads it (a :class:`~pipeline.scheduling.Queued`), named
+    by ``payload``; the worker's is ``Work``."""
+
+    payload: Any
+    lane: str
+    deadline_ms: int
+    arrived_ms: int
+    tokens: int
+
 
 SLO_MS = 200  # the realtime lane's default deadline
 DEADLINE = {"realtime": 200, "standard": 2000, "bulk": 60000}
 REALTIME = frozenset({"realtime"})
 
-Run = list[tuple[int, Plan[int]]]
+Run = list[tuple[int, Plan[Item]]]
 
 
 #: The worked examples' buckets (doubling, the default before the finer 13): their
@@ -32,27 +45,25 @@ def settings(**overrides: object) -> SchedulerSettings:
     return dataclasses.replace(SchedulerSettings(), **overrides)  # type: ignore[arg-type]
 
 
-def scheduler(expire: frozenset[str] = REALTIME, **overrides: Any) -> Scheduler[int]:
+def scheduler(expire: frozenset[str] = REALTIME, **overrides: Any) -> Scheduler[Item]:
     s = settings(**overrides)
     return Scheduler(s, expires=expire.__contains__, controller=Controller(s, slo_ms=SLO_MS))
 
 
-def item(
-    n: int, lane: str, *, tokens: int = 20, at: int = 0, deadline: int | None = None
-) -> Item[int]:
+def item(n: int, lane: str, *, tokens: int = 20, at: int = 0, deadline: int | None = None) -> Item:
     due = at + DEADLINE[lane] if deadline is None else deadline
     return Item(payload=n, lane=lane, deadline_ms=due, arrived_ms=at, tokens=tokens)
 
 
-def cpu_ms(plan: Plan[int]) -> float:
+def cpu_ms(plan: Plan[Item]) -> float:
     """A 2-core CPU running MiniLM, roughly (docs/design.md): 12 ms + 0.2 ms per padded token."""
     return 12 + 0.2 * plan.padded_tokens
 
 
 def drive(
-    sched: Scheduler[int],
-    arrivals: list[Item[int]],
-    latency: Callable[[Plan[int]], float] = cpu_ms,
+    sched: Scheduler[Item],
+    arrivals: list[Item],
+    latency: Callable[[Plan[Item]], float] = cpu_ms,
     until: int | None = None,
     *,
     utilisation: float | None = None,
@@ -93,5 +104,5 @@ def drive(
     return plans
 
 
-def lanes_of(plan: Plan[int]) -> list[str]:
+def lanes_of(plan: Plan[Item]) -> list[str]:
     return [it.lane for it in plan.items]

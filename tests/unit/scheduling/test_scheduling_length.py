@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scheduling import drive, item, scheduler
+from support.scheduling import Item, drive, item, scheduler
 
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Shapes, assemble
-from pipeline.scheduling.lanes import Item, LaneQueues
+from pipeline.scheduling.lanes import LaneQueues
 from pipeline.scheduling.tokens import estimate_tokens
 
 BUCKETS = (8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
@@ -23,8 +23,8 @@ def slow_device(padded: int) -> float:
     return 2.0 + 0.02 * padded
 
 
-def queues_of(items: list[Item[int]]) -> LaneQueues[int]:
-    queues: LaneQueues[int] = LaneQueues(
+def queues_of(items: list[Item]) -> LaneQueues[Item]:
+    queues: LaneQueues[Item] = LaneQueues(
         ("realtime", "standard", "bulk"), queue_size=4096, resume_fraction=0.5
     )
     for it in items:
@@ -33,13 +33,13 @@ def queues_of(items: list[Item[int]]) -> LaneQueues[int]:
 
 
 def batch(
-    queues: LaneQueues[int],
+    queues: LaneQueues[Item],
     cost_ms: Callable[[int], float],
     *,
     budget: int = 2048,
     level: int = ON_TIME,
     urgent_ms: float = -math.inf,
-) -> Draft[int]:
+) -> Draft[Item]:
     """The batch :func:`assemble` forms now, every lower-lane request at ``level``."""
     return assemble(
         queues, SHAPES, budget=budget, max_items=256, realtime_share=0.25,
@@ -48,7 +48,7 @@ def batch(
     )  # fmt: skip
 
 
-def ratio(draft: Draft[int], cost_ms: Callable[[int], float]) -> float:
+def ratio(draft: Draft[Item], cost_ms: Callable[[int], float]) -> float:
     """Predicted time per real token of ``draft``."""
     return cost_ms(draft.padded) / draft.real
 

@@ -13,9 +13,9 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scheduling import SLO_MS, drive, item, scheduler
+from support.scheduling import SLO_MS, Item, drive, item, scheduler
 
-from pipeline.scheduling import Item, Plan, Scheduler
+from pipeline.scheduling import Plan, Scheduler
 from pipeline.scheduling.controller import LatencyModel
 from pipeline.scheduling.scheduler import MAX_OVERRUN, OVERRUN_BATCHES
 
@@ -31,11 +31,11 @@ class _Frozen(LatencyModel):
         del padded_tokens, latency_ms
 
 
-def _ran_slow(sched: Scheduler[int], k: float, batches: int = OVERRUN_BATCHES) -> None:
+def _ran_slow(sched: Scheduler[Item], k: float, batches: int = OVERRUN_BATCHES) -> None:
     """Feed ``batches`` finished batches that ran ``k`` times their prediction."""
     for n in range(batches):
         predicted = sched.controller.predict_ms(8)
-        plan: Plan[int] = Plan(
+        plan: Plan[Item] = Plan(
             items=[item(-1 - n, "standard", tokens=8)], expired=[], seq_len=8, batch_shape=1,
             real_tokens=8, padded_tokens=8, budget=8, reason="full", predicted_ms=predicted,
         )  # fmt: skip
@@ -80,7 +80,7 @@ def test_realtime_planned_on_the_measured_overrun_meets_its_deadlines(
     assert sched.overrun == k
     burst = [item(k_, "realtime", tokens=8, at=0, deadline=deadline) for k_ in range(n)]
 
-    def engine(plan: Plan[int]) -> float:
+    def engine(plan: Plan[Item]) -> float:
         return k * (fixed + cost * plan.padded_tokens)
 
     run = drive(sched, burst, engine)
@@ -134,9 +134,7 @@ def test_the_first_batches_after_the_scheduler_woke_stay_within_the_flow_bound(
     sched.offer(item(0, "realtime", at=0))
     assert sched.next_batch(sched.settings.window_ms) is not None  # realtime once, then silence
     at = 1 + asleep_ms + 1000
-    burst: list[Item[int]] = [
-        item(n + 1, lane, tokens=tokens, at=at) for n, lane in enumerate(lanes)
-    ]
+    burst: list[Item] = [item(n + 1, lane, tokens=tokens, at=at) for n, lane in enumerate(lanes)]
     for it in burst:
         assert sched.offer(it)
     now = at + after_ms

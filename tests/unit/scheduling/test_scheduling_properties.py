@@ -6,14 +6,14 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scheduling import drive
+from support.scheduling import Item, drive
 
-from pipeline.scheduling import Controller, Item, Scheduler
+from pipeline.scheduling import Controller, Scheduler
 from pipeline.settings import LANES, SchedulerSettings
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> tuple[SchedulerSettings, frozenset[str], list[Item[int]]]:
+def workloads(draw: st.DrawFn) -> tuple[SchedulerSettings, frozenset[str], list[Item]]:
     budget_min = draw(st.integers(16, 512))
     config = dataclasses.replace(
         SchedulerSettings(),
@@ -48,12 +48,12 @@ def workloads(draw: st.DrawFn) -> tuple[SchedulerSettings, frozenset[str], list[
 @settings(max_examples=150, deadline=None)
 @given(workloads(), st.floats(0.02, 1.0), st.sampled_from([None, 0.3, 0.9]))
 def test_every_item_comes_out_once_within_caps_in_edf_order(
-    workload: tuple[SchedulerSettings, frozenset[str], list[Item[int]]],
+    workload: tuple[SchedulerSettings, frozenset[str], list[Item]],
     ms_per_token: float,
     utilisation: float | None,
 ) -> None:
     config, expire, items = workload
-    sched: Scheduler[int] = Scheduler(
+    sched: Scheduler[Item] = Scheduler(
         config, expires=expire.__contains__, controller=Controller(config, slo_ms=200)
     )
     plans = drive(

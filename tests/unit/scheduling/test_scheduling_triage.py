@@ -7,9 +7,9 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scheduling import drive, item, scheduler
+from support.scheduling import Item, drive, item, scheduler
 
-from pipeline.scheduling import Item, Plan
+from pipeline.scheduling import Plan
 from pipeline.scheduling.triage import triage
 
 #: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
@@ -48,7 +48,7 @@ def test_exactly_as_many_as_can_finish_are_planned_on_time_the_rest_expire_at_on
     )  # fmt: skip
     burst = [item(k, "realtime", tokens=8, at=0, deadline=deadline) for k in range(n)]
 
-    def engine(plan: Plan[int]) -> float:
+    def engine(plan: Plan[Item]) -> float:
         return fixed + cost * plan.padded_tokens
 
     run = drive(sched, burst, engine)
@@ -71,7 +71,7 @@ def test_a_burst_that_fits_one_batch_at_the_best_rate_runs_in_it() -> None:
     # batches' worth and expired the rest at their deadline.
     burst = [item(k, "realtime", tokens=10, at=0, deadline=176) for k in range(30)]
 
-    def cpu(plan: Plan[int]) -> float:
+    def cpu(plan: Plan[Item]) -> float:
         return 12 + 0.33 * plan.padded_tokens
 
     sched = scheduler(latency_ms_per_token=0.33)
@@ -146,7 +146,7 @@ def test_with_triage_off_the_capped_batches_run_and_expire_at_the_deadline() -> 
     # flow cap's small batches, and no request expired before a batch would miss it.
     burst = [item(k, "realtime", tokens=10, at=0, deadline=176) for k in range(30)]
 
-    def cpu(plan: Plan[int]) -> float:
+    def cpu(plan: Plan[Item]) -> float:
         return 12 + 0.33 * plan.padded_tokens
 
     run = drive(scheduler(latency_ms_per_token=0.33, triage="off"), burst, cpu)

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from support.scheduling import Item
+
 from pipeline.observability.metrics import PipelineMetrics
-from pipeline.scheduling import Controller, Item, Scheduler
+from pipeline.scheduling import Controller, Scheduler
 from pipeline.settings import SchedulerSettings
 from pipeline.worker.gates import LaneGates
 
 
-def _gates(queue_size: int = 2) -> tuple[LaneGates[str], set[str], list[str]]:
+def _gates(queue_size: int = 2) -> tuple[LaneGates[Item], set[str], list[str]]:
     settings = dataclasses.replace(SchedulerSettings(), queue_size=queue_size)
-    scheduler: Scheduler[str] = Scheduler(
+    scheduler: Scheduler[Item] = Scheduler(
         settings, expires=lambda lane: False, controller=Controller(settings, slo_ms=200)
     )
     shed: set[str] = set()
@@ -30,7 +32,7 @@ def _gates(queue_size: int = 2) -> tuple[LaneGates[str], set[str], list[str]]:
     return gates, shed, woken
 
 
-def _item(name: str, lane: str, deadline_ms: int = 1000) -> Item[str]:
+def _item(name: str, lane: str, deadline_ms: int = 1000) -> Item:
     return Item(name, lane, deadline_ms, 0, 8)
 
 
@@ -64,5 +66,5 @@ def test_giving_up_takes_the_parked_work_out() -> None:
     gates, _shed, _woken = _gates(queue_size=1)
     for name in ("s0", "s1", "s2"):
         gates.offer(_item(name, "standard"))
-    assert gates.give_up() == ["s1", "s2"]
+    assert [it.payload for it in gates.give_up()] == ["s1", "s2"]
     assert gates.give_up() == []
