@@ -8,6 +8,8 @@ scheduler only decides. The loop it expects::
     plan = scheduler.next_batch(now)   # None: nothing due yet
     ...dead-letter plan.expired, run plan.items, measure...
     scheduler.observe(plan, latency_ms=..., utilisation=..., now_ms=...)
+    sweep = scheduler.sweep(now)       # while the engine is busy: dead-letter
+                                       # sweep.expired, look again at sweep.next_ms
 
 Call ``wait_ms`` again after every ``offer``: a new request can move the
 next dispatch earlier. ``wait_ms(now) == 0`` exactly when ``next_batch(now)``
@@ -61,6 +63,16 @@ requests (measured: 23-35 ms after it was made, when a batch of standard
 requests had already formed), and that batch, planned to the latency
 threshold, ran 87-358 ms of its 200 ms deadline.
 
+A request judged hopeless is expired by the next decision, and while the
+engine is busy (a CPU runs one batch at a time, and a burst's batches ran up
+to 7x their prediction) by :meth:`Scheduler.sweep`, which the caller runs on
+every arrival and at the time the last sweep named: it expires what the next
+plan would expire were the engine free now, so a client hears of it before
+its deadline (Triton's REJECT) rather than once the running batch ends. After
+a wake, a batch without realtime that filled up waits until ``wake_hold_ms``
+after the wake: a burst's realtime reached the worker 5-12 ms behind its first
+requests, from its own topic, and the batch formed before it ran first.
+
 A decision looks at the first ``LOOKAHEAD_BATCHES * max_items`` requests of
 each lane in deadline order, not at whole queues: with hundreds queued per
 lane, scanning all of them for every batch cost a no-op worker about a sixth
@@ -83,10 +95,10 @@ from typing import Generic, TypeVar
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
-from pipeline.scheduling.triage import triage
+from pipeline.scheduling.triage import Triage, triage
 from pipeline.settings import LANES, SchedulerSettings
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "Sweep"]
 
 #: Batches' worth of requests per lane a decision looks at.
 LOOKAHEAD_BATCHES = 4
@@ -99,6 +111,9 @@ FLOW_MS = 1000
 OVERRUN_BATCHES = 4
 MAX_OVERRUN = 3.0
 
+#: Sweeps (:meth:`Scheduler.sweep`) are at least this far apart when nothing arrives.
+SWEEP_MIN_MS = 5
+
 T = TypeVar("T", bound=Queued)
 
 REASONS = ("deadline", "aged", "full", "window", "expired")
@@ -110,6 +125,20 @@ class _Decision(Generic[T]):
     hopeless: list[Entry[T]]  # expiring requests that cannot make their deadline
     due_ms: float  # when the draft should run; <= now means now
     reason: str
+    #: How much later the decision's start may move before a kept request of an
+    #: expiring lane turns hopeless (as the rules judged it; ``inf``: none can).
+    slack_ms: float = math.inf
+
+
+@dataclass
+class Sweep(Generic[T]):
+    """What :meth:`Scheduler.sweep` expired, and when to sweep again."""
+
+    expired: list[T]
+    #: When a queued request may next turn hopeless, should nothing else change (new
+    #: requests can move it earlier: sweep again after an ``offer``); ``None``: no
+    #: queued request can (none of a lane that expires).
+    next_ms: float | None
 
 
 class Scheduler(Generic[T]):
@@ -145,6 +174,7 @@ class Scheduler(Generic[T]):
         self.padded_tokens = 0
         self.reasons: dict[str, int] = dict.fromkeys(REASONS, 0)
         self.expired: dict[str, int] = dict.fromkeys(self.lanes, 0)
+        self.swept = 0  # of them, expired by a sweep while the engine was busy
         self.wait_sum_ms: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.wait_max_ms: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.served: dict[str, int] = dict.fromkeys(self.lanes, 0)
@@ -234,6 +264,30 @@ class Scheduler(Generic[T]):
         self._count(plan, now_ms)
         return plan
 
+    def sweep(self, now_ms: int) -> Sweep[T]:
+        """While the engine is busy: take out the queued requests of expiring lanes that
+        could no longer make their deadline even if the engine were free now, by the
+        rules :meth:`next_batch` expires by (the triage's layout from ``now_ms``, the
+        batch that would run now, the latency model's own prediction), so that their
+        clients hear of it before their deadline rather than once the running batch
+        ends. Everything it expires, ``next_batch`` at ``now_ms`` with the engine free
+        would have expired too; it plans nothing."""
+        expired: list[T] = []
+        decision = None
+        while len(self.queues):
+            decision = self._decide(now_ms, None)
+            if not decision.hopeless:
+                break
+            self.queues.remove(decision.hopeless)
+            expired += (e.item for e in decision.hopeless)
+            decision = None
+        for item in expired:
+            self.expired[item.lane] += 1
+        self.swept += len(expired)
+        if decision is None or math.isinf(decision.slack_ms):
+            return Sweep(expired, None)
+        return Sweep(expired, now_ms + max(decision.slack_ms, SWEEP_MIN_MS))
+
     def observe(
         self, batch: Plan[T], *, latency_ms: float, utilisation: float | None, now_ms: int
     ) -> None:
@@ -271,6 +325,7 @@ class Scheduler(Generic[T]):
             "padding_ratio": 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0,
             "pauses": float(self.queues.pauses),
             "resumes": float(self.queues.resumes),
+            "expired_swept": float(self.swept),
         }
         last = self.last
         if last is not None:
@@ -332,14 +387,14 @@ class Scheduler(Generic[T]):
 
     def _triage(
         self, realtime: list[Entry[T]], start_ms: float, budget: int, *, aged_ms: float
-    ) -> tuple[list[Entry[T]], int, list[Entry[T]] | None]:
+    ) -> tuple[list[Entry[T]], int, list[Entry[T]] | None, Triage[T] | None]:
         """The realtime requests that cannot make their deadline in any batch (to expire
         now), the budget of the batch to run now, and the realtime requests it is to
         hold when the capped batches would finish too few (else ``None``: as usual).
         See the module's promise. ``aged_ms``: when the first request of a lower lane
         becomes overdue."""
         if not realtime or not self.expires(self.lanes[0]) or self.settings.triage != "on":
-            return [], budget, None
+            return [], budget, None, None
         s = self.settings
         lay = functools.partial(
             triage, realtime, self.shapes, start_ms=start_ms,
@@ -348,7 +403,8 @@ class Scheduler(Generic[T]):
         )  # fmt: skip
         capped = lay(max_tokens=budget)
         if not capped.batches or (len(capped.batches) == 1 and not capped.hopeless):
-            return capped.hopeless, budget, None  # all hopeless, or one capped batch holds all
+            # All hopeless, or one capped batch holds all.
+            return capped.hopeless, budget, None, capped
         # More realtime than one capped batch holds: batches as large as the deadlines
         # allow (the controller's budget still bounds them) may finish more of it, or
         # as many sooner, with room to spare for a slower batch than predicted.
@@ -358,8 +414,8 @@ class Scheduler(Generic[T]):
         ends = start_ms + self._planned_ms(full.padded[0]) + self.settings.margin_ms
         better = (full.on_time, -full.end_ms) > (capped.on_time, -capped.end_ms)
         if better and ends <= aged_ms:
-            return full.hopeless, full.padded[0], full.batches[0]
-        return capped.hopeless, budget, None
+            return full.hopeless, full.padded[0], full.batches[0], full
+        return capped.hopeless, budget, None, capped
 
     def _planned_ms(self, padded_tokens: int) -> float:
         """A realtime batch's run time as planned: the latency model's prediction times
@@ -402,7 +458,7 @@ class Scheduler(Generic[T]):
                 urgency[id(e)] = level
         budget = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
         top = self.lanes[0]
-        doomed, budget, first = self._triage(heads[top], start, budget, aged_ms=aged)
+        doomed, budget, first, layout = self._triage(heads[top], start, budget, aged_ms=aged)
         draft = assemble(
             self.queues,
             self.shapes,
@@ -425,24 +481,42 @@ class Scheduler(Generic[T]):
         safe = start + predict(max(draft.padded, self.shapes.seq_buckets[-1]))
         hopeless = doomed
         gone = {id(e) for e in doomed}
+        # How much later ``start`` may move before a kept request turns hopeless (a sweep
+        # while the engine is busy looks again then): by the triage's layout, and by the
+        # batch that would run now, for the requests judged against it below.
+        slack = math.inf if layout is None else layout.slack_ms(self.shapes, predict)
         for lane in self.lanes:
             if not self.expires(lane):
                 continue
             for e in heads[lane]:
                 if e.deadline_ms >= safe:
+                    slack = min(slack, e.deadline_ms - safe)
                     break
+                if id(e) in gone:
+                    continue
                 alone = self.shapes.seq_len(e.bucket)
-                if start + predict(max(draft.padded, alone)) > e.deadline_ms and id(e) not in gone:
+                left = e.deadline_ms - start - predict(max(draft.padded, alone))
+                if left < 0:
                     hopeless.append(e)
+                elif left < slack:
+                    slack = left
+        # Just after a wake a burst's realtime may still be on its way: a batch without
+        # realtime that filled up (a burst, not a lone request) waits out the hold, so
+        # that realtime arriving meanwhile runs first (deadlines and aging still
+        # dispatch it).
+        hold = -math.inf
+        if draft.full and all(e.item.lane != top for e in draft.entries):
+            hold = self.woke_ms + s.wake_hold_ms
+        window = min(e.item.arrived_ms for e in draft.entries) + s.window_ms
         candidates = [
             (min(h[0].deadline_ms for h in heads.values() if h) - lead, "deadline"),
             (aged, "aged"),
-            (now_ms if draft.full else math.inf, "full"),
-            (min(e.item.arrived_ms for e in draft.entries) + s.window_ms, "window"),
+            (max(now_ms, hold) if draft.full else math.inf, "full"),
+            (max(window, hold), "window"),
         ]
         due = min(t for t, _ in candidates)
         reason = next(r for t, r in candidates if t <= max(due, now_ms))
-        return _Decision(draft, hopeless, due, reason)
+        return _Decision(draft, hopeless, due, reason, slack)
 
     def _count(self, plan: Plan[T], now_ms: int) -> None:
         self.last = plan

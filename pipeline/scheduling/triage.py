@@ -27,6 +27,7 @@ realtime in batches of 8 ran at ~160 texts/s where the best batch gives
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -49,6 +50,7 @@ class Triage(Generic[T]):
 
     batches: list[list[Entry[T]]] = field(default_factory=list)
     padded: list[int] = field(default_factory=list)  # padded tokens of each batch
+    starts: list[float] = field(default_factory=list)  # when each batch is predicted to start
     hopeless: list[Entry[T]] = field(default_factory=list)
     rest: list[Entry[T]] = field(default_factory=list)
     end_ms: float = 0.0  # when the last batch is predicted to end
@@ -57,6 +59,20 @@ class Triage(Generic[T]):
     def on_time(self) -> int:
         """Requests the layout finishes within their deadline."""
         return sum(len(b) for b in self.batches)
+
+    def slack_ms(self, shapes: Shapes, alone_ms: Callable[[int], float]) -> float:
+        """How much later than planned the layout may start before a request it holds
+        could no longer finish even alone at its batch's start (``alone_ms``, as the
+        rejection judged it): until then no request laid out turns hopeless, unless
+        the layout itself changes (``inf`` when it holds none)."""
+        return min(
+            (
+                e.deadline_ms - t - alone_ms(shapes.seq_len(e.bucket))
+                for t, batch in zip(self.starts, self.batches, strict=True)
+                for e in batch
+            ),
+            default=math.inf,
+        )
 
 
 def triage(
@@ -91,6 +107,7 @@ def triage(
         padded = len(batch) * shapes.seq_len(max(e.bucket for e in batch))
         out.batches.append(batch)
         out.padded.append(padded)
+        out.starts.append(t)
         t += predict_ms(padded)
         rest = [e for e in rest if id(e) not in taken]
     out.rest = rest

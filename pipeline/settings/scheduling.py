@@ -36,6 +36,11 @@ class SchedulerSettings:
     )
     window_ms: int = _field(10, "longest wait for a batch to fill once its oldest request arrived")
     margin_ms: int = _field(5, "safety margin kept between a batch's predicted end and a deadline")
+    wake_hold_ms: int = _field(
+        20,
+        "after a request reaches an empty scheduler, a full batch without realtime waits this "
+        "long from then, so a burst's realtime, fetched behind its first requests, runs first",
+    )
     max_wait_ms_standard: int = _field(
         1000, "a standard request waits at most this long for higher lanes (aging)"
     )
@@ -108,6 +113,8 @@ class SchedulerSettings:
             problems.append("realtime_share must be in [0, 1)")
         if not 1 <= self.token_budget_min <= self.token_budget <= self.token_budget_max:
             problems.append("need 1 <= token_budget_min <= token_budget <= token_budget_max")
+        if self.wake_hold_ms < 0:
+            problems.append("wake_hold_ms must be at least 0")
         if min(self.slow_batches, self.recover_batches) < 1:
             problems.append("slow_batches and recover_batches must be at least 1")
         if min(self.max_items, self.queue_size) < 0:

@@ -8,6 +8,13 @@ tokenises the next meanwhile (two in the engine at most); without, or where
 the engine gains nothing from it (a CPU), after it ended. What the scheduler
 expired is dead-lettered; what it planned goes to compute; each batch's run
 time goes back to the scheduler's controller and the metrics.
+
+While the engine holds all the batches it may (one on a CPU), the loop sweeps
+(``Scheduler.sweep``): a queued request that could no longer make its deadline
+even if the engine were free now is dead-lettered then, when a request arrives
+and when the sweep said to look again, not once the running batch ended (issue
+31: a burst's batches ran up to 7x their prediction, and requests expired after
+them, past their deadline, so their clients heard of it too late to retry).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ class BatchLoop:
         self._spawn = spawn
         self._utilisation = utilisation
         self._wake = asyncio.Event()
+        self._stirred = asyncio.Event()  # work queued or a batch slot freed: sweep again
         overlap = settings.scheduler.handover_ms >= 0 and engine.overlaps
         self._batch_slots = asyncio.Semaphore(2 if overlap else 1)
         self._inflight_ms: dict[int, float] = {}  # predicted run time per batch in the engine
@@ -69,6 +77,7 @@ class BatchLoop:
     def wake(self) -> None:
         """Work was queued: look for a batch now."""
         self._wake.set()
+        self._stirred.set()
 
     async def run(self) -> None:
         """Ask the scheduler for batches forever, each formed at the last moment.
@@ -78,6 +87,7 @@ class BatchLoop:
         ``scheduler.handover_ms``: the next one is tokenised while it runs.
         """
         while True:
+            await self._sweep_until_a_slot_frees()
             await self._batch_slots.acquire()
             await self._until_handover()
             plan = await self._next_plan()
@@ -85,7 +95,25 @@ class BatchLoop:
             self._inflight_ms[id(plan)] = plan.predicted_ms
             self._engine_free_ms = max(float(now), self._engine_free_ms) + plan.predicted_ms
             task = self._spawn(self._run_plan(plan))
-            task.add_done_callback(lambda _t: self._batch_slots.release())
+            task.add_done_callback(self._slot_freed)
+
+    def _slot_freed(self, _task: asyncio.Task[Any]) -> None:
+        self._batch_slots.release()
+        self._stirred.set()
+
+    async def _sweep_until_a_slot_frees(self) -> None:
+        """While the engine holds all the batches it may, expire what can no longer
+        make its deadline: on every arrival, and when the last sweep said to."""
+        while self._batch_slots.locked():
+            now = self._clock_ms()
+            self._stirred.clear()
+            sweep = self.scheduler.sweep(now)
+            if sweep.expired:
+                self.gates.apply()
+                self._expire(sweep.expired, now, "while a batch ran")
+            wait = None if sweep.next_ms is None else max(sweep.next_ms - now, 0) / 1000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stirred.wait(), wait)
 
     async def _until_handover(self) -> None:
         """Wait while batches in the engine are predicted to run longer than the lead."""
@@ -113,22 +141,26 @@ class BatchLoop:
             plan = self.scheduler.next_batch(now, engine_free_ms=self._engine_free_ms)
             if plan is not None:
                 self.gates.apply()
-                for work in plan.expired:
-                    req = work.request
-                    late = now - req.deadline_ms
-                    trip = work.arrived_ms - req.created_at_ms
-                    error = ExpiredError(
-                        f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now; "
-                        f"reached the worker {trip} ms after it was made, waited "
-                        f"{now - work.arrived_ms} ms here)"
-                    )
-                    self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
+                self._expire(plan.expired, now, "as a batch was planned")
                 if plan.items:
                     return plan
                 continue
             wait = self.scheduler.wait_ms(now, engine_free_ms=self._engine_free_ms)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
+
+    def _expire(self, expired: list[Work], now: int, when: str) -> None:
+        """Dead-letter what the scheduler expired, saying when and why."""
+        for work in expired:
+            req = work.request
+            late = now - req.deadline_ms
+            trip = work.arrived_ms - req.created_at_ms
+            error = ExpiredError(
+                f"cannot meet its deadline ({req.lane}; {late:+d} ms past it now, {when}; "
+                f"reached the worker {trip} ms after it was made, waited "
+                f"{now - work.arrived_ms} ms here)"
+            )
+            self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
 
     async def _run_plan(self, plan: Plan[Work]) -> None:
         batch = plan.items

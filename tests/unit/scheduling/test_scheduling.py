@@ -67,7 +67,7 @@ def test_aged_requests_leave_room_for_every_pending_realtime_request() -> None:
 
 
 def test_unused_reserved_room_goes_to_the_others() -> None:
-    sched = scheduler(**UNCAPPED)
+    sched = scheduler(wake_hold_ms=0, **UNCAPPED)
     for n in range(40):
         sched.offer(item(n, "bulk"))
     plan = sched.next_batch(0)
@@ -215,7 +215,7 @@ def test_dispatch_waits_for_the_window_then_runs() -> None:
 
 
 def test_dispatch_when_full_or_when_a_deadline_needs_it() -> None:
-    sched = scheduler(**UNCAPPED)
+    sched = scheduler(wake_hold_ms=0, **UNCAPPED)
     for n in range(15):
         sched.offer(item(n, "standard"))
     assert sched.wait_ms(0) == 10

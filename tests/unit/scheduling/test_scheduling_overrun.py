@@ -137,7 +137,7 @@ def test_the_first_batches_after_the_scheduler_woke_stay_within_the_flow_bound(
     burst: list[Item] = [item(n + 1, lane, tokens=tokens, at=at) for n, lane in enumerate(lanes)]
     for it in burst:
         assert sched.offer(it)
-    now = at + after_ms
+    now = at + max(after_ms, sched.settings.wake_hold_ms)  # a full batch waits out the hold
     plan = sched.next_batch(now)
     assert plan is not None and plan.items
     c = sched.controller
