@@ -10,10 +10,12 @@ backend all give the model a process that does nothing else; so does this.
 :class:`RemoteModel` is what the worker's :class:`~.engine.InferenceEngine`
 runs: the same ``tokenize`` / ``forward`` as a :class:`~.model.Model`, each a
 call over its own pipe into the child (a fresh interpreter, ``python -m
-pipeline.inference.process``, so no torch or CUDA state is inherited). The
-child tokenizes on one thread (the engine's tokenizer stage asks) and keeps
-the prepared tensors; it computes on its main thread (the engine's inference
-thread asks), and answers with float32 bytes. The worker
+pipeline.inference.process_child``, so no torch or CUDA state is inherited).
+The child tokenizes on one thread (the engine's tokenizer stage asks) and
+keeps the prepared tensors; a batch the engine tokenized is queued for its
+forward at once, so the child runs forwards back to back on its main thread,
+and answers each with float32 bytes when it is done (the engine's inference
+thread waits for it by handle). The worker
 keeps what it needs per request: the dedupe keys, built from the tokenizer's
 own description, which the child sends when it is ready.
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import socket
 import subprocess
@@ -47,6 +48,7 @@ from typing import Any
 
 from pipeline.codecs.keys import InputKeys
 from pipeline.errors import ConfigurationError, InferenceError
+from pipeline.inference.process_child import PREPARED, Ready
 from pipeline.inference.types import Encoded, ForwardTiming, Prediction
 from pipeline.settings import ModelSettings
 
@@ -58,23 +60,10 @@ log = logging.getLogger(__name__)
 RESTART_WINDOW_S = 600.0
 #: How long the child may take to load the model.
 START_TIMEOUT_S = 600.0
-#: Prepared batches the child keeps for the forwards to come (the engine prepares one
-#: ahead; a batch never forwarded, its caller gone, is dropped past this).
-_PREPARED = 8
 
 
 class ModelProcessError(InferenceError):
     """The model process died, hung, or may not be restarted yet."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Ready:
-    device: str
-    kind: str
-    max_length: int
-    fingerprint: str
-    tokenizer_json: str | None
-    device_uuid: str | None
 
 
 class _Backend:
@@ -85,100 +74,6 @@ class _Backend:
         from tokenizers import Tokenizer
 
         self.backend_tokenizer = Tokenizer.from_str(tokenizer_json)
-
-
-# -- the child ----------------------------------------------------------------------
-
-
-def _child_main(tok: Connection, fwd: Connection) -> None:
-    """The model process: read its settings, load, say ready (or why not), then serve
-    both pipes."""
-    from pipeline.inference.loading import load_model
-    from pipeline.inference.telemetry import cuda_uuid
-
-    settings: ModelSettings = fwd.recv()
-    try:
-        model: Any = load_model(dataclasses.replace(settings, process="off"))
-    except Exception as exc:
-        fwd.send(("error", str(exc) if isinstance(exc, ConfigurationError) else repr(exc)))
-        return
-    backend = getattr(getattr(model, "_tokenizer", None), "backend_tokenizer", None)
-    fwd.send(
-        (
-            "ready",
-            _Ready(
-                device=str(model.device) if model.kind != "sim" else "sim",
-                kind=model.kind,
-                max_length=model.max_length,
-                fingerprint=model.fingerprint,
-                tokenizer_json=backend.to_str() if backend is not None else None,
-                device_uuid=cuda_uuid(model.device.index or 0) if model.kind == "cuda" else None,
-            ),
-        )
-    )
-    prepared: collections.OrderedDict[int, Encoded] = collections.OrderedDict()
-    lock = threading.Lock()
-    threading.Thread(
-        target=_serve_tokenize, args=(model, tok, prepared, lock), name="tokenizer", daemon=True
-    ).start()
-    _serve_forward(model, fwd, prepared, lock)
-
-
-def _error(exc: BaseException) -> tuple[str, str, str]:
-    return ("err", type(exc).__name__, str(exc))
-
-
-def _serve_tokenize(
-    model: Any, conn: Connection, prepared: collections.OrderedDict[int, Encoded], lock: Any
-) -> None:
-    while True:
-        try:
-            _op, handle, texts, pad_to, rows = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            enc = model.tokenize(texts, pad_to=pad_to, rows=rows)
-        except Exception as exc:
-            conn.send(_error(exc))
-            continue
-        with lock:
-            prepared[handle] = enc
-            while len(prepared) > _PREPARED:
-                prepared.popitem(last=False)
-        conn.send(("ok", enc.n_tokens, enc.padded_tokens))
-
-
-def _serve_forward(
-    model: Any, conn: Connection, prepared: collections.OrderedDict[int, Encoded], lock: Any
-) -> None:
-    while True:
-        try:
-            _op, handle = conn.recv()
-        except (EOFError, OSError):
-            return
-        with lock:
-            enc = prepared.pop(handle, None)
-        if enc is None:
-            conn.send(("err", "InferenceError", f"batch {handle} is not prepared here"))
-            continue
-        try:
-            t0 = time.perf_counter()
-            before = model.timing.totals()[2]
-            preds = model.forward(enc)
-            wall = time.perf_counter() - t0
-            after = model.timing.totals()[2]
-        except Exception as exc:
-            conn.send(_error(exc))
-            continue
-        wait = None if after is None else after - (before or 0.0)
-        if preds and preds[0].embedding is not None:
-            body: Any = ("embed", b"".join(p.embedding for p in preds), len(preds))
-        else:
-            body = ("labels", [(p.label, p.score) for p in preds])
-        conn.send(("ok", body, wall, wait))
-
-
-# -- the worker's side --------------------------------------------------------------
 
 
 class RemoteModel:
@@ -198,6 +93,10 @@ class RemoteModel:
         self._fwd_lock = threading.Lock()
         self._life = threading.Lock()  # starting, killing, restarting
         self._handles = iter(range(1, 2**62))
+        self._gen = 0  # children started: a batch tokenized ahead runs in the one it names
+        self._ahead: dict[int, int] = {}  # handle -> the child it was queued in
+        self._ahead_lock = threading.Lock()
+        self._results: collections.OrderedDict[int, tuple[Any, ...]] = collections.OrderedDict()
         self._starts: collections.deque[float] = collections.deque()
         self._closed = False
         ready = self._spawn()
@@ -232,13 +131,13 @@ class RemoteModel:
 
     # -- life ----------------------------------------------------------------
 
-    def _spawn(self) -> _Ready:
-        """Start a child (``python -m pipeline.inference.process``, which imports
+    def _spawn(self) -> Ready:
+        """Start a child (``python -m pipeline.inference.process_child``, which imports
         neither the worker nor its ``__main__``) and wait for it to be ready."""
         pairs = [socket.socketpair() for _ in range(2)]
         fds = [child.fileno() for _parent, child in pairs]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.inference.process", *map(str, fds)],
+            [sys.executable, "-m", "pipeline.inference.process_child", *map(str, fds)],
             pass_fds=fds,
             stdin=subprocess.DEVNULL,
         )
@@ -271,8 +170,10 @@ class RemoteModel:
                 "its error is in the worker's log above"
             )
         self._proc, self._tok, self._fwd = proc, tok_parent, fwd_parent
+        self._gen += 1
+        self._results.clear()
         log.info("model process %d ready (%s)", proc.pid, message[1].device)
-        ready: _Ready = message[1]
+        ready: Ready = message[1]
         return ready
 
     def _kill(self, why: str) -> None:
@@ -315,10 +216,11 @@ class RemoteModel:
             except ConfigurationError as exc:
                 raise ModelProcessError(f"the model process could not restart: {exc}") from exc
 
-    def _call(self, which: str, message: tuple[Any, ...]) -> Any:
+    def _call(self, message: tuple[Any, ...]) -> tuple[Any, int]:
+        """Send ``message`` to the tokenizer; its answer, and which child gave it."""
         self._ensure()
-        conn = self._tok if which == "tok" else self._fwd
-        proc = self._proc
+        with self._life:  # one child's pipe, process and number, together
+            conn, proc, gen = self._tok, self._proc, self._gen
         try:
             if conn is None:
                 raise EOFError
@@ -327,20 +229,44 @@ class RemoteModel:
                 raise TimeoutError
             reply = conn.recv()
         except (EOFError, OSError, TimeoutError) as exc:
-            hung = isinstance(exc, TimeoutError)
-            why = (
-                f"no answer within {self.settings.process_timeout_s:.0f} s "
-                "(PIPELINE_MODEL_PROCESS_TIMEOUT_S)"
-                if hung
-                else "its pipe closed"
-            )
-            with self._life:
-                if self._proc is proc:
-                    self._kill(why)
-            raise ModelProcessError(f"the model process failed a call: {why}") from exc
+            raise self._failed(proc, exc) from exc
         if reply[0] == "err":
             raise InferenceError(f"{reply[1]}: {reply[2]}")
+        return reply, gen
+
+    def _await(self, handle: int) -> tuple[Any, ...]:
+        """The forward of ``handle``'s answer; answers to others that come first are kept
+        for their callers (a bisected half asks after the batch queued behind it)."""
+        conn, proc = self._fwd, self._proc
+        deadline = time.monotonic() + self.settings.process_timeout_s
+        try:
+            while (reply := self._results.pop(handle, None)) is None:
+                if conn is None:
+                    raise EOFError
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError
+                got = conn.recv()
+                self._results[got[1]] = got
+                while len(self._results) > 2 * PREPARED:  # their callers are gone
+                    self._results.popitem(last=False)
+        except (EOFError, OSError, TimeoutError) as exc:
+            raise self._failed(proc, exc) from exc
+        if reply[0] == "err":
+            raise InferenceError(f"{reply[2]}: {reply[3]}")
         return reply
+
+    def _failed(self, proc: subprocess.Popen[bytes] | None, exc: BaseException) -> Exception:
+        """A call found the child dead or hung: kill it; the error to raise."""
+        why = (
+            f"no answer within {self.settings.process_timeout_s:.0f} s "
+            "(PIPELINE_MODEL_PROCESS_TIMEOUT_S)"
+            if isinstance(exc, TimeoutError)
+            else "its pipe closed"
+        )
+        with self._life:
+            if self._proc is proc:
+                self._kill(why)
+        return ModelProcessError(f"the model process failed a call: {why}")
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the child and wait for it (killed past ``timeout``). Idempotent."""
@@ -362,18 +288,47 @@ class RemoteModel:
     # -- the model's calls ---------------------------------------------------------
 
     def tokenize(
-        self, texts: list[str], *, pad_to: int | None = None, rows: int | None = None
+        self,
+        texts: list[str],
+        *,
+        pad_to: int | None = None,
+        rows: int | None = None,
+        ahead: bool = True,
     ) -> Encoded:
-        """Tokenize in the child, which keeps the tensors for :meth:`forward`."""
+        """Tokenize in the child, which keeps the tensors for :meth:`forward`; ``ahead``:
+        and queues the forward at once, behind those already queued (the engine forwards
+        what it tokenized, in order), so the device never waits for the worker."""
         handle = next(self._handles)
         with self._tok_lock:
-            _ok, n_tokens, padded = self._call("tok", ("tok", handle, list(texts), pad_to, rows))
+            (_ok, n_tokens, padded), gen = self._call(
+                ("tok", handle, list(texts), pad_to, rows, ahead)
+            )
+        if ahead:
+            with self._ahead_lock:
+                self._ahead[handle] = gen
+                while len(self._ahead) > 2 * PREPARED:  # tokenized, never forwarded
+                    del self._ahead[next(iter(self._ahead))]
         return Encoded(list(texts), {}, n_tokens, padded, handle=handle)
 
     def forward(self, enc: Encoded) -> list[Prediction]:
         """Compute a batch :meth:`tokenize` prepared; one prediction per text."""
+        assert enc.handle is not None
         with self._fwd_lock:
-            _ok, body, wall, wait = self._call("fwd", ("fwd", enc.handle))
+            with self._ahead_lock:
+                queued_in = self._ahead.pop(enc.handle, None)
+            if queued_in is None:  # not queued ahead: ask for it
+                self._ensure()
+                try:
+                    if self._fwd is None:
+                        raise EOFError
+                    self._fwd.send(("fwd", enc.handle))
+                except (EOFError, OSError) as exc:
+                    raise self._failed(self._proc, exc) from exc
+            elif queued_in != self._gen:
+                raise ModelProcessError(
+                    "the model process that prepared this batch has ended; prepare it again"
+                )
+            _ok, _handle, body, wall, wait = self._await(enc.handle)
         self.timing.add(wall, wait)
         if body[0] == "embed":
             data, n = body[1], body[2]
@@ -387,12 +342,4 @@ class RemoteModel:
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model will see for ``text`` (asked of the child)."""
-        return self.tokenize([text]).n_tokens
-
-
-if __name__ == "__main__":  # the model process: python -m pipeline.inference.process TOK FWD
-    # Run the module's own copy, not this __main__ one: what it pickles must name
-    # pipeline.inference.process, where the worker looks for it.
-    from pipeline.inference.process import _child_main as main
-
-    main(*(Connection(int(fd)) for fd in sys.argv[1:3]))
+        return self.tokenize([text], ahead=False).n_tokens

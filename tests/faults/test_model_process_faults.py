@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.faults, pytest.ma
 
 
 def _model_process(worker_pid: int, timeout_s: float = 60.0) -> int:
-    """The pid of the worker's model process (its child running pipeline.inference.process)."""
+    """The pid of the worker's model process (its child running pipeline.inference.process_child)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for task in Path(f"/proc/{worker_pid}/task").iterdir():
             for pid in (task / "children").read_text().split():
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"pipeline.inference.process" in cmdline:
+                if b"pipeline.inference.process_child" in cmdline:
                     return int(pid)
         time.sleep(0.2)
     raise AssertionError(f"worker {worker_pid} has no model process after {timeout_s:.0f}s")

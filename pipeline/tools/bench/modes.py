@@ -164,13 +164,13 @@ class Deployment:
 
     def model_peak_rss_bytes(self) -> int | None:
         """The largest peak resident memory of one worker's model process (its child
-        ``python -m pipeline.inference.process``, the one running now); None when no
+        ``python -m pipeline.inference.process_child``, the one running now); None when no
         worker has one (the model on the worker's own thread, or the no-op model)."""
         peaks = []
         for probe in self.probes:
             for pid in probe.children():
                 child = ProcProbe(pid)
-                if "pipeline.inference.process" in child.cmdline():
+                if "pipeline.inference.process_child" in child.cmdline():
                     peaks.append(child.peak_rss_bytes() or 0)
         return (max(peaks) or None) if peaks else None
 

@@ -99,7 +99,7 @@ class Sampler:
 
     def _model_pid(self) -> int | None:
         for pid in ProcProbe(self._worker.pid).children():
-            if "pipeline.inference.process" in ProcProbe(pid).cmdline():
+            if "pipeline.inference.process_child" in ProcProbe(pid).cmdline():
                 return pid
         return None
 

@@ -83,6 +83,49 @@ def test_a_failing_text_fails_alone_through_the_engine(tiny_dir: Path) -> None:
     assert model.pid is None  # the engine's stop closed the child
 
 
+
+def test_batches_tokenized_ahead_are_answered_to_their_own_callers_in_any_order(
+    tiny_dir: Path, remote: RemoteModel
+) -> None:
+    """The child runs each batch the moment it is tokenized; a caller asking for a later
+    batch first (a bisected half asks after the batch queued behind it) gets its own
+    answer, and the earlier one is kept for its caller."""
+    local = load_model(ModelSettings(path=str(tiny_dir), process="off"))
+    first, second = TEXTS[:2], TEXTS[2:]
+    a, b = remote.tokenize(first), remote.tokenize(second)
+    got_b = [floats(p) for p in remote.forward(b)]
+    got_a = [floats(p) for p in remote.forward(a)]
+    for got, texts in ((got_a, first), (got_b, second)):
+        want = _predict(local, texts)
+        assert len(got) == len(texts)
+        for x, y in zip(got, want, strict=True):
+            assert x == pytest.approx(y, abs=1e-5)
+
+
+def test_a_batch_counted_but_not_queued_is_forwarded_when_asked(remote: RemoteModel) -> None:
+    enc = remote.tokenize(TEXTS, ahead=False)  # count_tokens' way: prepared, not run
+    assert enc.n_tokens > len(TEXTS)
+    assert len(remote.forward(enc)) == len(TEXTS)
+    assert remote.timing.totals()[0] == 1
+
+
+def test_a_batch_queued_in_a_process_that_died_fails_at_once(remote: RemoteModel) -> None:
+    first = remote.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    with contextlib.suppress(InferenceError):  # the pipe may close under it
+        remote.tokenize(TEXTS)
+    queued = remote.tokenize(TEXTS)  # in the restarted child
+    assert remote.pid not in (None, first)
+    assert len(remote.forward(queued)) == len(TEXTS)
+    stale = remote.tokenize(TEXTS)
+    second = remote.pid
+    assert second is not None
+    os.kill(second, signal.SIGKILL)
+    with pytest.raises(InferenceError):  # not a wait for the timeout: its child is gone
+        remote.forward(stale)
+    _after_death(remote)
+
 def _after_death(model: RemoteModel) -> None:
     """The first call after a kill may fail (the pipe closes under it); the next works."""
     with contextlib.suppress(InferenceError):
