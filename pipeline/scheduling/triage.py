@@ -10,7 +10,9 @@ predicted, still ends ``margin_ms`` before the anchor's deadline (the
 earliest in the batch), within ``max_items`` and ``max_tokens``. Every row
 pads to the batch's longest request, so the batch is capped at a sequence
 length: of the caps from the anchor's length up, the one that lets the most
-requests in (those longer than it wait). Those left out wait for the next
+requests in (those longer than it wait); where the anchor itself is the long
+one, a batch of shorter requests runs first when it holds more and leaves the
+anchor time to run alone right after. Those left out wait for the next
 batch, which starts when this one is predicted to end. A request that cannot finish in time even
 alone, at the start of the batch it would get, is hopeless: the caller
 expires it now, before its deadline, so that its client hears of it while a
@@ -129,25 +131,52 @@ def _batch(
     deadline of ``rest[0]`` (the anchor, the earliest) less the margin: for each
     sequence length from the anchor's up, the earliest requests no longer than it,
     as many as fit; the length that fits most wins (the shorter on a tie). The
-    anchor is always in (it fits alone: the caller made sure)."""
+    anchor is in (it fits alone: the caller made sure), unless a batch of shorter
+    requests holds more, the anchor counted, and still leaves it the time to run
+    alone right after: every row pads to the batch's longest, so a long anchor
+    would otherwise pad the short requests of a burst made at about the same
+    moment (one 128-token text held a batch of 3 where 17 short ones fitted)."""
     anchor = rest[0]
     best = [anchor]
     room = anchor.deadline_ms - t - margin_ms
+    sizes = functools.partial(_rows, shapes, predict_ms=predict_ms, max_items=max_items,
+                              max_tokens=max_tokens)  # fmt: skip
     for bucket in sorted({e.bucket for e in rest if e.bucket >= anchor.bucket}):
-        seq = shapes.seq_len(bucket)
-        cap = min(max_items, max(max_tokens // seq, 1))
-        rows = max(1, _most(cap, functools.partial(_fits, predict_ms, seq, room)))
-        chosen: list[Entry[T]] = []
-        for e in rest:
-            if e.bucket <= bucket:
-                chosen.append(e)
-                if len(chosen) == rows:
-                    break
+        rows = max(1, sizes(bucket, room))
+        chosen = _earliest(rest, bucket, rows)
         if len(chosen) > len(best):
             best = chosen
         if len(chosen) == rows:
             break  # a longer cap holds no more rows, and these are already in
+    # Shorter requests first, the anchor after them: it must still fit alone then.
+    after = room - predict_ms(shapes.seq_len(anchor.bucket))
+    for bucket in sorted({e.bucket for e in rest if e.bucket < anchor.bucket}):
+        rows = sizes(bucket, after)
+        chosen = _earliest(rest, bucket, rows)
+        if chosen and len(chosen) + 1 > len(best):
+            best = chosen
     return best
+
+
+def _rows(
+    shapes: Shapes, bucket: int, room: float, *, predict_ms: Callable[[int], float],
+    max_items: int, max_tokens: int,
+) -> int:  # fmt: skip
+    """The most rows of a batch padded to ``bucket`` that finishes within ``room``."""
+    seq = shapes.seq_len(bucket)
+    cap = min(max_items, max(max_tokens // seq, 1))
+    return _most(cap, functools.partial(_fits, predict_ms, seq, room))
+
+
+def _earliest(rest: list[Entry[T]], bucket: int, rows: int) -> list[Entry[T]]:
+    """The first ``rows`` requests of ``rest`` no longer than ``bucket``."""
+    chosen: list[Entry[T]] = []
+    for e in rest:
+        if len(chosen) == rows:
+            break
+        if e.bucket <= bucket:
+            chosen.append(e)
+    return chosen
 
 
 def _fits(predict_ms: Callable[[int], float], seq: int, room: float, rows: int) -> bool:

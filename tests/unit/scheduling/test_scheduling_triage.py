@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from support.scheduling import Item, drive, item, scheduler
 
 from pipeline.scheduling import Plan
+from pipeline.scheduling.budget import Shapes
+from pipeline.scheduling.lanes import Entry
 from pipeline.scheduling.triage import triage
 
 #: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
@@ -152,3 +154,25 @@ def test_with_triage_off_the_capped_batches_run_and_expire_at_the_deadline() -> 
     run = drive(scheduler(latency_ms_per_token=0.33, triage="off"), burst, cpu)
     assert len([p for _, p in run if p.items]) > 1
     assert max(len(p.items) for _, p in run) < 30
+
+
+def test_a_long_first_text_does_not_pad_the_short_ones_of_its_burst() -> None:
+    # A burst made at about the same moment: its earliest deadline is a long text's,
+    # by a millisecond. Anchored at it, every batch padded the short texts to its
+    # length (3 rows of 128 tokens in the room of 20 short ones); the short ones
+    # run first in a batch of their own, the long one alone right after, in time.
+    shapes = Shapes((16, 128), 32)
+    long_ = Entry(100, 0, item(0, "realtime", tokens=120, deadline=100), 1)
+    short = [Entry(101, k, item(k, "realtime", tokens=12, deadline=101), 0) for k in range(1, 30)]
+
+    def cost(tokens: int) -> float:
+        return 10 + 0.2 * tokens
+
+    out = triage([long_, *short], shapes, start_ms=0, predict_ms=cost, max_items=32,
+                 max_tokens=4096, margin_ms=0)  # fmt: skip
+    first, second = out.batches[0], out.batches[1]
+    # 17 short (10 + 0.2 x 16 x 17 = 64.4 ms), then the long one alone (35.6 ms): 100.
+    assert all(e is not long_ for e in first) and len(first) == 17
+    assert second == [long_]
+    assert out.on_time == 18
+    # Anchored at the long text: 3 rows of 128 (86.8 ms), then 1 short: 4 on time.
