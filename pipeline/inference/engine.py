@@ -339,20 +339,15 @@ class InferenceEngine:
             enc = self.model.tokenize(texts, pad_to=pad_to)
             tally.tokenize_ms += (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
-        timing = getattr(self.model, "timing", None)
-        before = None if timing is None else timing.totals()[:2]
         tally.n_tokens += enc.n_tokens
         tally.padded_tokens += enc.padded_tokens
         try:
             predictions = self.model.forward(enc)
         finally:
-            after = None if timing is None else timing.totals()[:2]
-            if before is not None and after is not None and after[0] > before[0]:
-                # The model's own time for it: in a model process, a forward queued
-                # behind the one before it would count that one's time too.
-                tally.inference_ms += (after[1] - before[1]) * 1000.0
-            else:
-                tally.inference_ms += (time.perf_counter() - t1) * 1000.0
+            # A model process runs batches queued ahead in order: the time this one
+            # waited there behind the one before it is that one's, not its own.
+            queued_s = getattr(self.model, "queued_s", 0.0)
+            tally.inference_ms += max(0.0, time.perf_counter() - t1 - queued_s) * 1000.0
         if len(predictions) != len(texts):
             raise InferenceError(f"model returned {len(predictions)} results for {len(texts)}")
         return predictions

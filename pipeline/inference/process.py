@@ -85,6 +85,9 @@ class RemoteModel:
         self.version = settings.version
         self.task = settings.task
         self.timing = ForwardTiming()
+        #: How long the last forward waited in the child behind batches queued before
+        #: it, after it was asked for (the engine does not count it as its own time).
+        self.queued_s = 0.0
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._tok: Connection | None = None
@@ -313,6 +316,7 @@ class RemoteModel:
     def forward(self, enc: Encoded) -> list[Prediction]:
         """Compute a batch :meth:`tokenize` prepared; one prediction per text."""
         assert enc.handle is not None
+        asked = time.perf_counter()
         with self._fwd_lock:
             with self._ahead_lock:
                 queued_in = self._ahead.pop(enc.handle, None)
@@ -328,7 +332,9 @@ class RemoteModel:
                 raise ModelProcessError(
                     "the model process that prepared this batch has ended; prepare it again"
                 )
-            _ok, _handle, body, wall, wait = self._await(enc.handle)
+            _ok, _handle, body, wall, wait, started = self._await(enc.handle)
+        # perf_counter is the host's monotonic clock, the same in both processes.
+        self.queued_s = max(0.0, started - asked)
         self.timing.add(wall, wait)
         if body[0] == "embed":
             data, n = body[1], body[2]

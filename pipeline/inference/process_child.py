@@ -159,7 +159,7 @@ def _serve_forward(
         else:
             body = ("labels", [(p.label, p.score) for p in preds])
         try:
-            conn.send(("ok", handle, body, wall, wait))
+            conn.send(("ok", handle, body, wall, wait, t0))
         except (EOFError, OSError):
             return
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.faults, pytest.ma
 
 
 def _model_process(worker_pid: int, timeout_s: float = 60.0) -> int:
-    """The pid of the worker's model process (its child running pipeline.inference.process_child)."""
+    """The pid of the worker's model process (its child: pipeline.inference.process_child)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for task in Path(f"/proc/{worker_pid}/task").iterdir():

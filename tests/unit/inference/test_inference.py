@@ -312,6 +312,32 @@ def test_engine_runs_on_its_own_thread() -> None:
     assert result.n_tokens == 3 and result.padded_tokens == 4 and result.model_calls == 1
 
 
+def test_time_a_forward_waited_behind_earlier_batches_is_not_its_own() -> None:
+    """A model process runs batches queued ahead in order and says how long the last one
+    waited behind the others (``queued_s``): the engine's inference time leaves it out,
+    so the controller learns the device's cost, not the queue's."""
+
+    class Queued(FakeModel):
+        def forward(self, enc: Encoded) -> list[Prediction]:
+            time.sleep(0.02)
+            # Waited its whole time behind the others (more than the call took, even).
+            self.queued_s = 60.0 if enc.texts == ["queued"] else 0.0
+            return super().forward(enc)
+
+    engine = InferenceEngine(Queued())
+    engine.start()
+
+    async def main() -> tuple[BatchOutcome, BatchOutcome]:
+        return await engine.run(["alone"]), await engine.run(["queued"])
+
+    try:
+        alone, queued = asyncio.run(main())
+    finally:
+        engine.stop(timeout=10)
+    assert alone.inference_ms >= 20.0
+    assert queued.inference_ms == 0.0
+
+
 def test_stop_joins_the_thread_and_refuses_new_work() -> None:
     engine = InferenceEngine(FakeModel())
     engine.start()

@@ -83,7 +83,6 @@ def test_a_failing_text_fails_alone_through_the_engine(tiny_dir: Path) -> None:
     assert model.pid is None  # the engine's stop closed the child
 
 
-
 def test_batches_tokenized_ahead_are_answered_to_their_own_callers_in_any_order(
     tiny_dir: Path, remote: RemoteModel
 ) -> None:
@@ -91,6 +90,7 @@ def test_batches_tokenized_ahead_are_answered_to_their_own_callers_in_any_order(
     batch first (a bisected half asks after the batch queued behind it) gets its own
     answer, and the earlier one is kept for its caller."""
     local = load_model(ModelSettings(path=str(tiny_dir), process="off"))
+    assert isinstance(local, Model)
     first, second = TEXTS[:2], TEXTS[2:]
     a, b = remote.tokenize(first), remote.tokenize(second)
     got_b = [floats(p) for p in remote.forward(b)]
@@ -125,6 +125,7 @@ def test_a_batch_queued_in_a_process_that_died_fails_at_once(remote: RemoteModel
     with pytest.raises(InferenceError):  # not a wait for the timeout: its child is gone
         remote.forward(stale)
     _after_death(remote)
+
 
 def _after_death(model: RemoteModel) -> None:
     """The first call after a kill may fail (the pipe closes under it); the next works."""
