@@ -24,7 +24,7 @@ from pipeline.codecs.avro import (
     result_codec,
 )
 from pipeline.errors import STAGES, DecodeError
-from pipeline.observability.metrics import SERVED
+from pipeline.observability.metric_families import SERVED
 
 REQUEST = {
     "request_id": "r-1",

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.metrics_core import Metric
 
 from pipeline.errors import STAGES
-from pipeline.observability.metrics import DEDUPE_LEVELS, FAMILIES, LATENCY_BUCKETS, SERVED
+from pipeline.observability.metric_families import DEDUPE_LEVELS, FAMILIES, LATENCY_BUCKETS, SERVED
 from pipeline.observability.metrics import PipelineMetrics as Metrics
 from pipeline.observability.metrics_local import LocalCounter, LocalFamilies, LocalHistogram
 from pipeline.settings import LANES
