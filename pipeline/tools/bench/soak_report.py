@@ -247,24 +247,30 @@ def plot(report: Mapping[str, Any], out: Path) -> Path:
 
     fig, axes = plt.subplots(5, 1, figsize=(8, 11), sharex=True)
     axes[0].plot(ts, series("rss_bytes", MIB), label="worker")
-    axes[0].plot(ts, series("model_rss_bytes", MIB), label="model process")
-    axes[0].set_ylabel("RSS (MiB)")
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylabel("worker RSS (MiB)")
+    model = axes[0].twinx()  # a model process is several times the worker: its own scale
+    model.plot(ts, series("model_rss_bytes", MIB), color="tab:orange", label="model process")
+    model.set_ylabel("model process RSS (MiB)", color="tab:orange")
+    first = next((r["rss_bytes"] for r in rows if r.get("rss_bytes") is not None), None)
+    head = report["summary"]
+    if first is not None and head.get("store_bound_mib"):
+        axes[0].axhline(first / MIB + head["store_bound_mib"], color="tab:blue", linewidth=0.8,
+                        linestyle=":", label="first sample + stores' bound")  # fmt: skip
+    axes[0].legend(fontsize=8, loc="lower right")
     axes[1].plot(ts, series("open_fds"), color="tab:purple")
     axes[1].set_ylabel("open fds (worker)")
     axes[2].plot(ts, series("rocksdb_bytes", MIB), color="tab:brown")
     axes[2].set_ylabel("RocksDB on disk (MiB)")
-    head = report["summary"]
     if head.get("store_bound_mib"):
         axes[2].axhline(head["store_bound_mib"], color="grey", linewidth=0.8, linestyle=":",
                         label="stores' memory bound")  # fmt: skip
         axes[2].legend(fontsize=8)
     if head.get("warmup_s") is not None:
         for ax in axes[:3]:
-            ax.axvline(head["warmup_s"] / 60.0, color="tab:orange", linewidth=1.0)
+            ax.axvline(head["warmup_s"] / 60.0, color="black", linewidth=1.0)
         axes[0].annotate("warm-up ends (store bound on disk)", (head["warmup_s"] / 60.0, 0.02),
                          xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
-                         color="tab:orange")  # fmt: skip
+                         color="black")  # fmt: skip
     axes[3].plot(ts, series("lag"), color="tab:red")
     axes[3].set_ylabel("consumer lag (records)")
     minutes = report["per_minute"]
