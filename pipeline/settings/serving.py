@@ -195,7 +195,7 @@ class DedupeSettings:
     ttl_s: int = _field(
         7 * 24 * 3600,
         "seconds a stored result stays valid, and about how long it stays on disk: the "
-        "store keeps about 1.6 KB per new text for this long (the README's bounds)",
+        "store keeps about 1.7 KB per new text for this long (the README's bounds)",
     )
     enabled: bool = _field(True, "serve repeated texts from stored results")
     store_memory_mib: int = _field(
