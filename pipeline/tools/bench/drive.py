@@ -131,6 +131,7 @@ class Collector:
             created_at_ms=int(sent_ms),
             received_ms=now,
             stage=r["stage"],
+            failed_at_ms=r.get("failed_at_ms"),
         )
 
 

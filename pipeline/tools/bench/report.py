@@ -212,6 +212,17 @@ def _goodput_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target("adaptive bursts: realtime creation → expired dead letter, p99 (worst "
                        "burst; none expired: not run)", max(after) if after else None, deadline,
                        "ms", at_most=True))  # fmt: skip
+    # The same, to the worker's decision (the letter's failed_at_ms): the rest is its trip.
+    decided = [
+        float(block["p99"])
+        for p in (burst, small)
+        if p is not None
+        and (block := p.get("realtime_expired_decided_ms") or {}).get("n")
+        and block.get("p99") is not None
+    ]
+    out.append(_target("adaptive bursts: realtime creation → expiry decided in the worker, p99 "
+                       "(worst burst; for reference: the rest is the dead letter's trip)",
+                       max(decided) if decided else None, None, "ms"))  # fmt: skip
     return out
 
 

@@ -58,6 +58,7 @@ class Answered:
     stage: str | None = None
     queue_ms: float | None = None  # worker arrival -> its batch handed to the engine
     inference_ms: float | None = None  # its batch's model call
+    failed_at_ms: int | None = None  # a dead letter's: when the worker decided it
 
 
 def _latency_block(latencies: Sequence[float]) -> dict[str, float | None]:
@@ -79,8 +80,9 @@ def summarize(
 ) -> dict[str, Any]:
     """Throughput, latency percentiles per lane, deadline misses, results on time,
     expirations (and how long after its creation each ``expired`` dead letter came
-    back) and dedupe levels of one phase. Latency is receipt time minus
-    ``created_at_ms``; throughput is answers over (last receipt - ``started_ms``)."""
+    back, and when the worker decided it: the letter's ``failed_at_ms``) and dedupe
+    levels of one phase. Latency is receipt time minus ``created_at_ms``; throughput
+    is answers over (last receipt - ``started_ms``)."""
     answers = list(answers)
     results = [a for a in answers if a.kind == "result"]
     dead = [a for a in answers if a.kind == "dead_letter"]
@@ -102,11 +104,14 @@ def summarize(
             on_time[a.lane] += 1
     expired = dict.fromkeys(LANES, 0)
     expired_after: list[float] = []  # creation -> the expired dead letter's receipt
+    expired_decided: list[float] = []  # creation -> the worker's decision (failed_at_ms)
     for a in dead:
         if a.stage == "expired" and a.lane in expired:
             expired[a.lane] += 1
             if a.lane == LANES[0]:
                 expired_after.append(a.received_ms - a.created_at_ms)
+                if a.failed_at_ms is not None:
+                    expired_decided.append(a.failed_at_ms - a.created_at_ms)
     served: dict[str, int] = {}
     for a in results:
         key = a.served or "computed"
@@ -129,6 +134,7 @@ def summarize(
         "deadlines_ms": {lane: deadlines_ms[lane] for lane in LANES if lane in deadlines_ms},
         "expired": expired,
         "realtime_expired_after_ms": _latency_block(expired_after),
+        "realtime_expired_decided_ms": _latency_block(expired_decided),
         "served": served,
         "dedupe_hit_rate": {
             level: served.get(level, 0) / len(results) if results else 0.0

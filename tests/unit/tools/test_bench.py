@@ -691,14 +691,16 @@ def test_summarize_counts_realtime_on_time_and_when_its_expirations_came_back() 
     answers = [
         Answered("a", "realtime", "result", 0, 150.0, completed_at_ms=120, served="computed"),
         Answered("b", "realtime", "result", 0, 260.0, completed_at_ms=230, served="computed"),
-        Answered("c", "realtime", "dead_letter", 0, 60.0, stage="expired"),
-        Answered("d", "realtime", "dead_letter", 10, 190.0, stage="expired"),
+        Answered("c", "realtime", "dead_letter", 0, 60.0, stage="expired", failed_at_ms=50),
+        Answered("d", "realtime", "dead_letter", 10, 190.0, stage="expired", failed_at_ms=150),
         Answered("e", "realtime", "dead_letter", 0, 500.0, stage="decode"),
     ]
     s = summarize(answers, sent=5, started_ms=0.0, deadlines_ms={"realtime": 200})
     assert s["on_time"]["realtime"] == 1 and s["deadline_missed"]["realtime"] == 1
     after = s["realtime_expired_after_ms"]
     assert after["n"] == 2 and after["p50"] == pytest.approx(120.0)  # 60 and 180 ms
+    decided = s["realtime_expired_decided_ms"]  # the worker's decision: 50 and 140 ms
+    assert decided["n"] == 2 and decided["max"] == 140
     assert s["deadlines_ms"] == {"realtime": 200}
 
 
@@ -735,6 +737,8 @@ def test_goodput_targets_from_raw_and_the_bursts_of_the_same_run() -> None:
     assert small["value"] == 0.0 and small["met"] is True
     after = next(t for t in targets(report) if "creation → expired" in t["target"])
     assert after["value"] == 150.0 and after["goal"] == 200.0 and after["met"] is True
+    decided = next(t for t in targets(report) if "expiry decided" in t["target"])
+    assert decided["value"] is None and decided["met"] is None  # no failed_at_ms read
     table = markdown(report)
     assert "min(realtime sent, C)" in table
     assert "| burst | 100 | 35 | 39.1 | 200 − 30 | 0.90 |" in table
