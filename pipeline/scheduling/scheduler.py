@@ -272,6 +272,8 @@ class Scheduler(Generic[T]):
         clients hear of it before their deadline rather than once the running batch
         ends. Everything it expires, ``next_batch`` at ``now_ms`` with the engine free
         would have expired too; it plans nothing."""
+        if not any(self.expires(lane) and self.queues.depth(lane) for lane in self.lanes):
+            return Sweep([], None)  # nothing queued can expire: no decision to make
         expired: list[T] = []
         decision = None
         while len(self.queues):
