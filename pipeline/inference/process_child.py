@@ -72,32 +72,55 @@ def _child_main(tok: Connection, fwd: Connection) -> None:
             ),
         )
     )
-    prepared: collections.OrderedDict[int, Encoded] = collections.OrderedDict()
-    lock = threading.Lock()
-    # The forwards to run, in order: batches tokenized "ahead" (queued the moment they are
-    # prepared) and batches the worker asks for by handle. None: the worker is gone.
-    runs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    batches = _Batches()
     threading.Thread(
-        target=_serve_tokenize,
-        args=(model, tok, prepared, lock, runs),
-        name="tokenizer",
-        daemon=True,
+        target=_serve_tokenize, args=(model, tok, batches), name="tokenizer", daemon=True
     ).start()
-    threading.Thread(target=_read_forwards, args=(fwd, runs), name="requests", daemon=True).start()
-    _serve_forward(model, fwd, prepared, lock, runs)
+    threading.Thread(
+        target=_read_forwards, args=(fwd, batches), name="requests", daemon=True
+    ).start()
+    _serve_forward(model, fwd, batches)
+
+
+class _Batches:
+    """The child's prepared batches and the forwards to run, in order: batches
+    tokenized "ahead" (queued the moment they are prepared) and batches the worker
+    asks for by handle; ``None`` once the worker is gone."""
+
+    def __init__(self) -> None:
+        self._prepared: collections.OrderedDict[int, Encoded] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._runs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    def keep(self, handle: int, enc: Encoded, *, ahead: bool) -> None:
+        """Keep a prepared batch (the oldest beyond :data:`PREPARED` are dropped: their
+        callers are gone); ``ahead``: queue its forward now."""
+        with self._lock:
+            self._prepared[handle] = enc
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)
+        if ahead:
+            self._runs.put(handle)
+
+    def ask(self, handle: int | None) -> None:
+        """Queue the forward of ``handle`` (None: the worker is gone; stop)."""
+        self._runs.put(handle)
+
+    def next(self) -> tuple[int, Encoded | None] | None:
+        """The next forward to run and its batch (None where it is not prepared here);
+        None once the worker is gone."""
+        handle = self._runs.get()
+        if handle is None:
+            return None
+        with self._lock:
+            return handle, self._prepared.pop(handle, None)
 
 
 def _error(exc: BaseException) -> tuple[str, str, str]:
     return ("err", type(exc).__name__, str(exc))
 
 
-def _serve_tokenize(
-    model: Any,
-    conn: Connection,
-    prepared: collections.OrderedDict[int, Encoded],
-    lock: Any,
-    runs: queue.SimpleQueue[int | None],
-) -> None:
+def _serve_tokenize(model: Any, conn: Connection, batches: _Batches) -> None:
     while True:
         try:
             _op, handle, texts, pad_to, rows, ahead = conn.recv()
@@ -108,39 +131,27 @@ def _serve_tokenize(
         except Exception as exc:
             conn.send(_error(exc))
             continue
-        with lock:
-            prepared[handle] = enc
-            while len(prepared) > PREPARED:
-                prepared.popitem(last=False)
-        if ahead:
-            runs.put(handle)
+        batches.keep(handle, enc, ahead=ahead)
         conn.send(("ok", enc.n_tokens, enc.padded_tokens))
 
 
-def _read_forwards(conn: Connection, runs: queue.SimpleQueue[int | None]) -> None:
+def _read_forwards(conn: Connection, batches: _Batches) -> None:
     """The worker's requests for batches not tokenized ahead, in order; None once it is
     gone (the child then exits)."""
     while True:
         try:
             _op, handle = conn.recv()
         except (EOFError, OSError):
-            runs.put(None)
+            batches.ask(None)
             return
-        runs.put(handle)
+        batches.ask(handle)
 
 
-def _serve_forward(
-    model: Any,
-    conn: Connection,
-    prepared: collections.OrderedDict[int, Encoded],
-    lock: Any,
-    runs: queue.SimpleQueue[int | None],
-) -> None:
+def _serve_forward(model: Any, conn: Connection, batches: _Batches) -> None:
     """Run the forwards in order, each answered by its handle as soon as it is done: the
     device goes from one batch to the next without waiting for the worker."""
-    while (handle := runs.get()) is not None:
-        with lock:
-            enc = prepared.pop(handle, None)
+    while (run := batches.next()) is not None:
+        handle, enc = run
         if enc is None:
             conn.send(("err", handle, "InferenceError", f"batch {handle} is not prepared here"))
             continue
