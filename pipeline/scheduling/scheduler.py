@@ -231,17 +231,7 @@ class Scheduler(Generic[T]):
     def next_batch(self, now_ms: int, *, engine_free_ms: float | None = None) -> Plan[T] | None:
         """The batch to run now, with any expired requests; ``None`` when nothing is due.
         ``engine_free_ms`` as for :meth:`wait_ms` (pass the same to both)."""
-        expired: list[T] = []
-        decision = None
-        while len(self.queues):
-            decision = self._decide(now_ms, engine_free_ms)
-            if not decision.hopeless:
-                break
-            self.queues.remove(decision.hopeless)
-            expired += (e.item for e in decision.hopeless)
-            decision = None
-        for item in expired:
-            self.expired[item.lane] += 1
+        expired, decision = self._take_hopeless(now_ms, engine_free_ms)
         if decision is None or decision.due_ms > now_ms:
             if not expired:
                 return None
@@ -274,10 +264,21 @@ class Scheduler(Generic[T]):
         would have expired too; it plans nothing."""
         if not any(self.expires(lane) and self.queues.depth(lane) for lane in self.lanes):
             return Sweep([], None)  # nothing queued can expire: no decision to make
+        expired, decision = self._take_hopeless(now_ms, None)
+        self.swept += len(expired)
+        if decision is None or math.isinf(decision.slack_ms):
+            return Sweep(expired, None)
+        return Sweep(expired, now_ms + max(decision.slack_ms, SWEEP_MIN_MS))
+
+    def _take_hopeless(
+        self, now_ms: int, engine_free_ms: float | None
+    ) -> tuple[list[T], _Decision[T] | None]:
+        """Take out (and count) what cannot make its deadline, deciding again until a
+        decision finds nothing hopeless; that decision (None: the queues emptied)."""
         expired: list[T] = []
         decision = None
         while len(self.queues):
-            decision = self._decide(now_ms, None)
+            decision = self._decide(now_ms, engine_free_ms)
             if not decision.hopeless:
                 break
             self.queues.remove(decision.hopeless)
@@ -285,10 +286,7 @@ class Scheduler(Generic[T]):
             decision = None
         for item in expired:
             self.expired[item.lane] += 1
-        self.swept += len(expired)
-        if decision is None or math.isinf(decision.slack_ms):
-            return Sweep(expired, None)
-        return Sweep(expired, now_ms + max(decision.slack_ms, SWEEP_MIN_MS))
+        return expired, decision
 
     def observe(
         self, batch: Plan[T], *, latency_ms: float, utilisation: float | None, now_ms: int
