@@ -95,6 +95,7 @@ from typing import Generic, TypeVar
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
+from pipeline.scheduling.stats import SchedulerStats
 from pipeline.scheduling.triage import Triage, triage
 from pipeline.settings import LANES, SchedulerSettings
 
@@ -115,8 +116,6 @@ MAX_OVERRUN = 3.0
 SWEEP_MIN_MS = 5
 
 T = TypeVar("T", bound=Queued)
-
-REASONS = ("deadline", "aged", "full", "window", "expired")
 
 
 @dataclass
@@ -167,18 +166,8 @@ class Scheduler(Generic[T]):
         )
         self.lanes = self.queues.lanes
         self._rank = {lane: i for i, lane in enumerate(self.lanes)}
-        # Counters and last-batch gauges; snapshot() flattens them.
-        self.batches = 0
-        self.items = 0
-        self.real_tokens = 0
-        self.padded_tokens = 0
-        self.reasons: dict[str, int] = dict.fromkeys(REASONS, 0)
-        self.expired: dict[str, int] = dict.fromkeys(self.lanes, 0)
-        self.swept = 0  # of them, expired by a sweep while the engine was busy
-        self.wait_sum_ms: dict[str, int] = dict.fromkeys(self.lanes, 0)
-        self.wait_max_ms: dict[str, int] = dict.fromkeys(self.lanes, 0)
-        self.served: dict[str, int] = dict.fromkeys(self.lanes, 0)
-        self.last: Plan[T] | None = None
+        #: What it decided, counted (:meth:`snapshot` flattens it).
+        self.stats: SchedulerStats[T] = SchedulerStats(self.lanes)
         self.last_latency_ms = 0.0
         self.realtime_seen_ms = -math.inf  # arrival of the latest realtime request
         self.woke_ms = -math.inf  # the latest arrival into an empty scheduler
@@ -235,7 +224,7 @@ class Scheduler(Generic[T]):
         if decision is None or decision.due_ms > now_ms:
             if not expired:
                 return None
-            self.reasons["expired"] += 1
+            self.stats.reasons["expired"] += 1
             return Plan([], expired, 0, 0, 0, 0, self.controller.budget, "expired")
         draft = decision.draft
         self.queues.remove(draft.entries)
@@ -251,7 +240,7 @@ class Scheduler(Generic[T]):
             reason=decision.reason,
             predicted_ms=self.controller.predict_ms(draft.padded),
         )
-        self._count(plan, now_ms)
+        self.stats.planned(plan, now_ms)
         return plan
 
     def sweep(self, now_ms: int) -> Sweep[T]:
@@ -265,7 +254,7 @@ class Scheduler(Generic[T]):
         if not any(self.expires(lane) and self.queues.depth(lane) for lane in self.lanes):
             return Sweep([], None)  # nothing queued can expire: no decision to make
         expired, decision = self._take_hopeless(now_ms, None)
-        self.swept += len(expired)
+        self.stats.swept += len(expired)
         if decision is None or math.isinf(decision.slack_ms):
             return Sweep(expired, None)
         return Sweep(expired, now_ms + max(decision.slack_ms, SWEEP_MIN_MS))
@@ -284,8 +273,7 @@ class Scheduler(Generic[T]):
             self.queues.remove(decision.hopeless)
             expired += (e.item for e in decision.hopeless)
             decision = None
-        for item in expired:
-            self.expired[item.lane] += 1
+        self.stats.expire(expired)
         return expired, decision
 
     def observe(
@@ -316,38 +304,7 @@ class Scheduler(Generic[T]):
 
     def snapshot(self) -> dict[str, float]:
         """Every counter and gauge as a flat ``name -> value`` map (controller's included)."""
-        out: dict[str, float] = {
-            "pending": float(len(self.queues)),
-            "batches": float(self.batches),
-            "items": float(self.items),
-            "real_tokens": float(self.real_tokens),
-            "padded_tokens": float(self.padded_tokens),
-            "padding_ratio": 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0,
-            "pauses": float(self.queues.pauses),
-            "resumes": float(self.queues.resumes),
-            "expired_swept": float(self.swept),
-        }
-        last = self.last
-        if last is not None:
-            out |= {
-                "batch_size_last": float(len(last.items)),
-                "batch_tokens_last": float(last.padded_tokens),
-                "padding_ratio_last": last.padding_ratio,
-                "budget_effective_last": float(last.budget),
-                "predicted_ms_last": last.predicted_ms,
-            }
-        for reason, n in self.reasons.items():
-            out[f"dispatch_{reason}"] = float(n)
-        for lane in self.lanes:
-            served = self.served[lane]
-            out[f"depth_{lane}"] = float(self.queues.depth(lane))
-            out[f"paused_{lane}"] = float(lane in self.queues.paused)
-            out[f"rejected_{lane}"] = float(self.queues.rejected[lane])
-            out[f"expired_{lane}"] = float(self.expired[lane])
-            out[f"served_{lane}"] = float(served)
-            out[f"wait_ms_mean_{lane}"] = self.wait_sum_ms[lane] / served if served else 0.0
-            out[f"wait_ms_max_{lane}"] = float(self.wait_max_ms[lane])
-        return out | self.controller.snapshot()
+        return self.stats.snapshot(self.queues) | self.controller.snapshot()
 
     # -- internals ---------------------------------------------------------------
 
@@ -520,16 +477,3 @@ class Scheduler(Generic[T]):
         due = min(t for t, _ in candidates)
         reason = next(r for t, r in candidates if t <= max(due, now_ms))
         return _Decision(draft, hopeless, due, reason, slack)
-
-    def _count(self, plan: Plan[T], now_ms: int) -> None:
-        self.last = plan
-        self.batches += 1
-        self.items += len(plan.items)
-        self.real_tokens += plan.real_tokens
-        self.padded_tokens += plan.padded_tokens
-        self.reasons[plan.reason] += 1
-        for item in plan.items:
-            wait = now_ms - item.arrived_ms
-            self.served[item.lane] += 1
-            self.wait_sum_ms[item.lane] += wait
-            self.wait_max_ms[item.lane] = max(self.wait_max_ms[item.lane], wait)
