@@ -65,8 +65,9 @@ threshold, ran 87-358 ms of its 200 ms deadline.
 
 A request judged hopeless is expired by the next decision, and while the
 engine is busy (a CPU runs one batch at a time, and a burst's batches ran up
-to 7x their prediction) by :meth:`Scheduler.sweep`, which the caller runs on
-every arrival and at the time the last sweep named: it expires what the next
+to 7x their prediction) by :meth:`Scheduler.sweep`, which the caller runs when
+requests arrive (at most every ``SWEEP_MIN_MS``) and at the time the last sweep
+named: it expires what the next
 plan would expire were the engine free now, so a client hears of it before
 its deadline (Triton's REJECT) rather than once the running batch ends. After
 a wake, a batch without realtime that filled up waits until ``wake_hold_ms``
@@ -112,7 +113,8 @@ FLOW_MS = 1000
 OVERRUN_BATCHES = 4
 MAX_OVERRUN = 3.0
 
-#: Sweeps (:meth:`Scheduler.sweep`) are at least this far apart when nothing arrives.
+#: Sweeps (:meth:`Scheduler.sweep`) are at least this far apart: the time a sweep names
+#: for the next is never sooner, and the caller sweeps for arrivals no oftener.
 SWEEP_MIN_MS = 5
 
 T = TypeVar("T", bound=Queued)

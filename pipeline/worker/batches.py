@@ -11,8 +11,9 @@ time goes back to the scheduler's controller and the metrics.
 
 While the engine holds all the batches it may (one on a CPU), the loop sweeps
 (``Scheduler.sweep``): a queued request that could no longer make its deadline
-even if the engine were free now is dead-lettered then, when a request arrives
-and when the sweep said to look again, not once the running batch ended (issue
+even if the engine were free now is dead-lettered then, when requests arrive
+(at most every ``SWEEP_MIN_MS``) and when the sweep said to look again, not
+once the running batch ended (issue
 31: a burst's batches ran up to 7x their prediction, and requests expired after
 them, past their deadline, so their clients heard of it too late to retry).
 """
@@ -108,23 +109,20 @@ class BatchLoop:
         sweep is a whole decision: sweeping on every arrival cost a no-op worker a
         fifth of its rate, three pairs), and when the last sweep said to."""
         swept_at: int | None = None
-        look_at: float | None = None
+        wake_at: float | None = None
         while self._batch_slots.locked():
             now = self._clock_ms()
             self._stirred.clear()
-            if swept_at is None or now - swept_at >= SWEEP_MIN_MS or (
-                look_at is not None and now >= look_at
-            ):
+            # The time a sweep names is never sooner than SWEEP_MIN_MS after it, so one
+            # test covers both: the turn has come, or the time named has.
+            if swept_at is None or now - swept_at >= SWEEP_MIN_MS:
                 sweep = self.scheduler.sweep(now)
-                swept_at, look_at = now, sweep.next_ms
+                swept_at, wake_at = now, sweep.next_ms
                 if sweep.expired:
                     self.gates.apply()
                     self._expire(sweep.expired, now, "while a batch ran")
-                wake_at = look_at
             else:  # stirred again soon after a sweep: the next one waits its turn
                 wake_at = swept_at + SWEEP_MIN_MS
-                if look_at is not None:
-                    wake_at = min(wake_at, look_at)
             wait = None if wake_at is None else max(wake_at - now, 0) / 1000
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stirred.wait(), wait)
