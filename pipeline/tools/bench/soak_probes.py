@@ -26,14 +26,7 @@ __all__ = ["Lag", "Sampler", "dir_bytes", "open_fds", "rss_bytes"]
 
 def rss_bytes(pid: int) -> int | None:
     """VmRSS of ``pid`` now; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
+    return ProcProbe(pid).rss_bytes()
 
 
 def open_fds(pid: int) -> int | None:

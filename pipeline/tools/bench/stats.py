@@ -226,10 +226,19 @@ class ProcProbe:
 
     def peak_rss_bytes(self) -> int | None:
         """VmHWM: the process's peak resident set size."""
+        return self.status_bytes("VmHWM")
+
+    def rss_bytes(self) -> int | None:
+        """VmRSS: the process's resident set size now."""
+        return self.status_bytes("VmRSS")
+
+    def status_bytes(self, field: str) -> int | None:
+        """A ``kB`` field of ``/proc/<pid>/status`` in bytes; None when the process is
+        gone or the field is not there."""
         try:
             with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
                 for line in f:
-                    if line.startswith("VmHWM:"):
+                    if line.startswith(f"{field}:"):
                         return int(line.split()[1]) * 1024
         except (OSError, ValueError):
             return None
