@@ -12,62 +12,50 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from support.runtime import settle, submit
+from support.runtime import InstantBroker, LengthEngine, settle, submit
 
-from pipeline.codecs.avro import dead_letter_codec, result_codec
-from pipeline.inference import BatchOutcome, Outcome, Prediction
+from pipeline.codecs.avro import dead_letter_codec
+from pipeline.inference import BatchOutcome
 from pipeline.kafka.client import request_bytes
 from pipeline.settings import Settings
-from pipeline.worker.publish import Publisher
 from pipeline.worker.records import Incoming, Origin
 from pipeline.worker.runtime import Runtime
 
 
-class _HeldModel:
-    """Embeds a text as its length; each batch waits for ``go`` (a CPU: no overlap)."""
+class _HeldModel(LengthEngine):
+    """The support stand-in, one batch at a time (a CPU: no overlap), each held until
+    ``go`` is set; ``texts`` are those that reached it."""
 
     overlaps = False
 
     def __init__(self) -> None:
-        self.texts: list[str] = []
+        super().__init__()
         self.go = asyncio.Event()
+        self.texts: list[str] = []
 
-    async def run(self, texts: list[str], **_shape: int | None) -> BatchOutcome:
-        self.texts += texts
+    async def run(self, texts: list[str], **shape: int | None) -> BatchOutcome:
+        self.texts += texts  # in the engine from now, held until the test lets it go
         await self.go.wait()
-        outcomes = [Outcome(prediction=Prediction(embedding=[float(len(t))])) for t in texts]
-        return BatchOutcome(outcomes=outcomes, batch_size=len(texts))
-
-    def busy_fraction(self) -> float:
-        return 0.0
-
-    def tokenize_ms(self) -> float | None:
-        return None
+        return await super().run(texts, **shape)
 
 
 def test_a_hopeless_request_is_dead_lettered_while_the_running_batch_still_runs() -> None:
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], bool]:
         now = [1_000_000]
-        results: list[dict[str, Any]] = []
-        letters: list[dict[str, Any]] = []
+        broker = InstantBroker()
         model = _HeldModel()
-
-        async def send(topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
-            (results if topic == "res" else letters).append(
-                (result_codec() if topic == "res" else dead_letter_codec()).decode(value)
-            )
-            ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            ack.set_result(None)
-            return ack
 
         async def release(_token: Any) -> None:
             return None
+
+        def letters() -> list[dict[str, Any]]:
+            return [dead_letter_codec().decode(v) for v in broker.letters]
 
         runtime = Runtime(
             Settings.from_env({"PIPELINE_SCHEDULER_WINDOW_MS": "0",
                                "PIPELINE_WORKER_EXPIRE_LANES": "realtime"}),
             engine=model,  # type: ignore[arg-type]
-            publisher=Publisher(send, results_topic="res", dlq_topic="dlq"),
+            publisher=broker.publisher(),
             ack=release,
             clock_ms=lambda: now[0],
         )  # fmt: skip
@@ -89,13 +77,13 @@ def test_a_hopeless_request_is_dead_lettered_while_the_running_batch_still_runs(
         deadline = now[0] + 100
         assert await submit(runtime, incoming(1, "urgent", "realtime", deadline_ms=deadline))
         await asyncio.sleep(0.05)
-        assert letters == []  # it can still make it if the batch ends soon
+        assert letters() == []  # it can still make it if the batch ends soon
         now[0] = deadline - 2  # the batch ran long: too little time left for any batch
-        await until(lambda: letters != [], "the realtime request dead-lettered")
+        await until(lambda: letters() != [], "the realtime request dead-lettered")
         still_running = not model.go.is_set()
         model.go.set()
-        await settle(runtime, batches, lambda: len(results) == 1)
-        return results, letters, model.texts, still_running
+        await settle(runtime, batches, lambda: len(broker.results) == 1)
+        return broker.results, letters(), model.texts, still_running
 
     results, letters, texts, still_running = asyncio.run(main())
     assert still_running  # dead-lettered before the running batch ended
