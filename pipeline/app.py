@@ -25,6 +25,8 @@ from typing import Any
 import faust
 from mode import Service
 
+from pipeline.codecs.keys import InputKeys
+from pipeline.codecs.lengths import TokenLengths
 from pipeline.codecs.registry import AnswerHeaders, register_answer_schemas
 from pipeline.errors import ConfigurationError
 from pipeline.inference import (
@@ -262,6 +264,7 @@ class _RuntimeHolder(Service):
             fallback=fallback,
             fallback_model=fallback_model,
             keys=model.keys,
+            lengths=TokenLengths.of(model.keys) if isinstance(model.keys, InputKeys) else None,
             on_room=self.reader.wake,
             on_failure=self._answer_path_failed,
             utilisation=device_utilisation(self.telemetry, self.engine.busy_fraction),

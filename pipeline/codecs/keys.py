@@ -83,9 +83,11 @@ class InputKeys:
         self._ascii: dict[int, str] | None = None  # the normaliser's map of ASCII, char by char
         self._collapse = False
         self._ascii_spaced = False  # the ASCII map turns whitespace into spaces already
+        self._own: Any | None = None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             own = type(backend).from_str(backend.to_str())  # private: no shared state
+            self._own = own
             normalizer, pre = own.normalizer, own.pre_tokenizer
             self._normalize = normalizer.normalize_str if normalizer is not None else str
             self._ascii = _ascii_map(normalizer)
@@ -113,6 +115,12 @@ class InputKeys:
         rule = f"{KEY_RULE}:{int(self._normalize is not None)}:{int(self._collapse)}"
         base.update(f"{fingerprint}\x00{rule}\x00".encode("utf-8", "surrogatepass"))
         self._base = base
+
+    @property
+    def tokenizer(self) -> Any | None:
+        """The keys' own copy of the backend tokenizer (``tokenizers.Tokenizer``), or None
+        without a fast tokenizer; read-only by promise: the keys rely on its settings."""
+        return self._own
 
     def __call__(self, text: str) -> str:
         form = self.form(text)

@@ -96,6 +96,7 @@ class Runtime:
         fallback_model: tuple[str, str] | None = None,
         clock_ms: Callable[[], int] = wall_ms,
         keys: Callable[[str], str] | None = None,
+        lengths: Callable[[str, int], int] | None = None,
         on_room: Callable[[], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         utilisation: Callable[[], float | None] | None = None,
@@ -125,6 +126,9 @@ class Runtime:
         self.model_id = settings.model.model_id
         # Dedupe keys (the model's ``keys``); without them texts dedupe only when equal.
         self.keys: Callable[[str], str] = keys or InputKeys(self.model_id)
+        # Tokens a text will be, capped (the tokenizer's exact count, codecs.lengths);
+        # without a tokenizer, the estimate (scheduling.tokens: words and pieces).
+        self._lengths: Callable[[str, int], int] = lengths or estimate_tokens
         lanes = lanes_of(settings)
         # The latency objective: the top lane's deadline.
         self.controller = Controller(settings.scheduler, slo_ms=lanes[0].deadline_ms)
@@ -257,8 +261,7 @@ class Runtime:
     def _offer(self, work: Work) -> None:
         """Hand work to the scheduler, through its lane's gate (parked while it is full)."""
         req = work.request
-        # An estimate is enough to bucket by length (scheduling.tokens: words and pieces).
-        work.tokens = estimate_tokens(req.text, self._max_tokens)
+        work.tokens = self._lengths(req.text, self._max_tokens)
         work.deadline_ms = self.deadlines.schedule_by(
             req.lane, arrived_ms=work.arrived_ms, deadline_ms=req.deadline_ms
         )
