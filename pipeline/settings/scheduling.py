@@ -55,12 +55,17 @@ class SchedulerSettings:
     resume_fraction: float = _field(
         0.5, "a paused lane resumes once its queue is down to this fraction of queue_size"
     )
-    # 13 buckets, not 5 (16..256 by doubling): in a batch of texts of one bucket, the
-    # shortest pads up to twice its length. Four interleaved A/B pairs of the bench
-    # (MiniLM, this 2-core machine): padding at 0 % duplicates 0.28-0.30 -> 0.18-0.20,
-    # throughput +7..25 %, realtime at 80 % load unchanged (docs/design.md).
+    # 32 buckets: one token apart up to 16, then steps of at most an eighth of the length
+    # up to 64 and a fifth beyond. A batch pads to its bucket on a GPU and the simulated
+    # device (to its longest text on a CPU), and the bench's texts are short (median 11
+    # tokens), where the old 4-token steps (8,12,16,20,24,32,...) padded a sixth of a
+    # text. With exact lengths (codecs.lengths), replayed at the slow simulated device's
+    # cost: padding 0.16 -> 0.09, 0.90x -> 0.99x the model alone (docs/design.md,
+    # "Exact lengths"). Before that, 13 buckets, not 5 (16..256 by doubling): padding at
+    # 0 % duplicates 0.28-0.30 -> 0.18-0.20 on a CPU, throughput +7..25 %.
     seq_buckets: str = _field(
-        "8,12,16,20,24,32,40,48,64,96,128,192,256",
+        "4,5,6,7,8,9,10,11,12,13,14,15,16,18,20,22,24,28,32,36,40,48,56,64,80,96,112,128,"
+        "160,192,224,256",
         "sequence-length buckets (tokens), ascending; batches pad to one",
     )
     policy: str = _field(

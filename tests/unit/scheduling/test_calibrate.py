@@ -73,8 +73,8 @@ def test_calibration_runs_every_shape_twice_and_fits_the_model(tmp_path: Path) -
         measured = asyncio.run(calibrate(engine, controller, shapes))
     finally:
         engine.stop()
-    # rows x the default bucket of 24 tokens (24) and of 100 (128)
-    assert [tokens for tokens, _ms in measured] == [24, 96, 192, 384, 256, 512]
+    # rows x the default bucket of 24 tokens (24) and of 100 (112)
+    assert [tokens for tokens, _ms in measured] == [24, 96, 192, 384, 224, 448]
     assert engine.stats().batches == 2 * len(SHAPES)
     assert controller.model.samples == len(SHAPES)
     assert all(ms > 0 for _tokens, ms in measured)
