@@ -13,6 +13,14 @@ A lookup that fails (broker unreachable, coordinator moving) is retried with
 capped backoff until it succeeds or the partition is revoked: without its
 start, the agent could not tell a skipped record from the first one, so it
 holds the partition rather than accept whatever offset comes first.
+
+A failed lookup also drops the admin client it asked through; the retry asks
+through a new one. An admin client that was connected when the broker
+restarted may never answer again (measured with librdkafka 2.16 against a
+restarted broker on the same port: its group-offset requests timed out on
+every try, or its log-start requests failed with FENCED_LEADER_EPOCH on every
+try, while a new client answered at once); kept, it held the partitions of
+every later rebalance for good.
 """
 
 from __future__ import annotations
@@ -41,8 +49,8 @@ class StartOffsets:
     partition's offset, waiting for a lookup under way or starting one, and
     retrying failed lookups every ``retry_s`` (doubling up to ``retry_max_s``)
     for as long as the partition is assigned; it returns None only when the
-    partition was forgotten (revoked) meanwhile. One admin client serves every
-    lookup of the worker's life.
+    partition was forgotten (revoked) meanwhile. One admin client serves the
+    lookups until one fails; the next lookup builds a new one.
     """
 
     def __init__(
@@ -133,10 +141,10 @@ class StartOffsets:
 
         from pipeline.kafka.security import client_config
 
+        admin = self._admin
         try:
-            if self._admin is None:
-                self._admin = AdminClient(client_config(self.settings))
-            admin = self._admin
+            if admin is None:
+                admin = self._admin = AdminClient(client_config(self.settings))
             group = ConsumerGroupTopicPartitions(
                 self.settings.worker.app_id, [TP(t, p) for t, p in todo]
             )
@@ -155,6 +163,11 @@ class StartOffsets:
         except Exception as exc:
             from pipeline.errors import BrokerUnavailable
 
+            # Possibly wedged since a broker restart: the next lookup asks through a new
+            # client. Only this one: a lookup running beside it may have built a new one
+            # already. The client is closed when the last lookup using it lets it go.
+            if self._admin is admin:
+                self._admin = None
             raise BrokerUnavailable(
                 f"start offsets of {len(todo)} partitions: {type(exc).__name__}: {exc}"
             ) from exc

@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from pipeline.settings import Settings
+from pipeline.tools.kafka_local import LocalKafka
 from pipeline.worker.start_offsets import StartOffsets
 
 pytestmark = pytest.mark.kafka
@@ -34,16 +35,7 @@ def test_committed_offset_else_log_start_in_one_lookup(
         timeout=30
     )
     group = f"starts-{uuid.uuid4().hex[:8]}"
-    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
-    for attempt in range(40):  # a fresh broker's group coordinator takes a moment
-        try:
-            committer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
-            break
-        except KafkaException:
-            if attempt == 39:
-                raise
-            time.sleep(0.5)
-    committer.close()
+    _commit(kafka_bootstrap, group, TopicPartition(topic, 0, 3))
 
     base = settings_for()
     settings = base.replace(worker=dataclasses.replace(base.worker, app_id=group))
@@ -54,6 +46,61 @@ def test_committed_offset_else_log_start_in_one_lookup(
         return [await starts.get((topic, p)) for p in range(3)]
 
     assert asyncio.run(lookup()) == [3, 0, 2]
+
+
+def _commit(bootstrap: str, group: str, offset: TopicPartition) -> None:
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    for attempt in range(40):  # a fresh broker's group coordinator takes a moment
+        try:
+            committer.commit(offsets=[offset], asynchronous=False)
+            break
+        except KafkaException:
+            if attempt == 39:
+                raise
+            time.sleep(0.5)
+    committer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idle_s", [0.0, 15.0])
+def test_lookups_after_a_broker_restart_find_the_offsets_again(
+    make_local_kafka: Callable[[], LocalKafka], idle_s: float
+) -> None:
+    """The admin client that looked up before a broker restart may never answer again
+    (librdkafka 2.16): looking up at once, the log's start failed with
+    FENCED_LEADER_EPOCH on every try; 15 s later, the group's offsets timed out on
+    every try (the soak's failure: partitions held for over 60 s after its restart).
+    A failed lookup drops the client, so a retry asks through a new one: a rebalance
+    after the restart (forget, assigned) finds the partitions' starts within a few
+    retries, instead of holding them for good."""
+    broker = make_local_kafka()
+    bootstrap = broker.up()
+    topic = f"restart-starts-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(timeout=30)
+    group = f"starts-{uuid.uuid4().hex[:8]}"
+    _commit(bootstrap, group, TopicPartition(topic, 0, 3))
+    base = Settings.from_env()
+    settings = base.replace(
+        kafka=dataclasses.replace(base.kafka, bootstrap_servers=bootstrap),
+        worker=dataclasses.replace(base.worker, app_id=group),
+    )
+    starts = StartOffsets(settings, timeout_s=3.0, retry_s=0.1, retry_max_s=0.5)
+    partitions = [(topic, p) for p in range(3)]
+
+    async def rebalance() -> list[int | None]:
+        starts.assigned(partitions)
+        return [await asyncio.wait_for(starts.get(tp), 30) for tp in partitions]
+
+    assert asyncio.run(rebalance()) == [3, 0, 0]
+    broker.down()
+    broker.up()  # same port, same log
+    time.sleep(idle_s)
+    for tp in partitions:
+        starts.forget(tp)
+    assert asyncio.run(rebalance()) == [3, 0, 0]
+    # Not one retry per partition forever: the second client answered.
+    assert starts.failures <= 6, starts.failures
 
 
 def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
