@@ -32,7 +32,11 @@ Assembly order, each step in earliest-deadline-first order within a lane:
    GPU's launch, a small batch) lengths mix freely, and where every padded
    token costs (a device that is the bottleneck, a full batch) a batch keeps
    to nearly one length, as the model alone does with the whole workload
-   sorted. Without one, requests one bucket away join while the batch stays
+   sorted. Nor may it add more time than its share of a batch of its own
+   bucket's pending requests would take: short texts padded up to a long
+   realtime request's length lower the batch's time per real token (they
+   share its fixed cost) but cost more than the batch they could lead.
+   Without one, requests one bucket away join while the batch stays
    at most half padding. Those left out lead a batch of their own later.
 
 Under a backlog, steps 1 and 2 follow length too. When more overdue requests
@@ -288,7 +292,10 @@ def _fill_by_length(
     draft: Draft[T], rest: list[Entry[T]], anchor: int, cost_ms: Callable[[int], float]
 ) -> None:
     """Step 4b with a cost model: requests of other buckets, nearest first, on each side
-    until a bucket admits none (one farther pads more, or brings fewer tokens)."""
+    until a bucket admits none (one farther pads more, or brings fewer tokens). One joins
+    only if it adds no more time to this batch than its share of a batch of its own
+    bucket's pending requests would take (:func:`_share_ms`): its rows padded up to a long
+    realtime request's length cost more than the batch of short texts it could lead."""
     by_bucket: dict[int, list[Entry[T]]] = {}
     for e in rest:
         if e.bucket != anchor:
@@ -297,10 +304,27 @@ def _fill_by_length(
         if draft.full:
             return
         rows = len(draft)
-        _fill(draft, (e for e in by_bucket[side] if _affine(draft, e, anchor, cost_ms)))
+        share = _share_ms(draft, side, len(by_bucket[side]), cost_ms)
+        _fill(
+            draft,
+            (
+                e
+                for e in by_bucket[side]
+                if _affine(draft, e, anchor, cost_ms)
+                and cost_ms(draft.cost_with(e)[0]) - cost_ms(draft.padded) <= share
+            ),
+        )
         if len(draft) == rows:
             for b in [b for b in by_bucket if (b - anchor) * (side - anchor) > 0]:
                 by_bucket[b] = []
+
+
+def _share_ms(draft: Draft[T], bucket: int, pending: int, cost_ms: Callable[[int], float]) -> float:
+    """Predicted time of one request's share of a batch of ``pending`` requests of
+    ``bucket`` alone (as many as one batch holds)."""
+    seq = draft.shapes.seq_len(bucket)
+    rows = max(1, min(pending, draft.max_items, draft.budget // seq))
+    return cost_ms(rows * seq) / rows
 
 
 def _nearest_first(entries: Iterable[Entry[T]], anchor: int) -> list[Entry[T]]:
