@@ -74,6 +74,7 @@ class _Tally:
     tokenize_ms: float = 0.0
     inference_ms: float = 0.0
     calls: int = 0
+    idle_before_ms: float | None = None
 
 
 def _as_inference_error(exc: Exception) -> InferenceError:
@@ -138,6 +139,7 @@ class InferenceEngine:
         self._thread: threading.Thread | None = None
         self._tokenizer: threading.Thread | None = None
         self._busy = BusyTracker(busy_window_s, clock)
+        self._device_end: float | None = None  # perf_counter: the last forward's end
         self._batches = self._items = self._failures = self._calls = 0
         self._tokenize_ms: float | None = None
 
@@ -303,6 +305,7 @@ class InferenceEngine:
             tokenize_ms=tally.tokenize_ms,
             inference_ms=tally.inference_ms,
             model_calls=tally.calls,
+            idle_before_ms=tally.idle_before_ms,
         )
         self._batches += 1
         self._items += len(texts)
@@ -346,8 +349,14 @@ class InferenceEngine:
         finally:
             # A model process runs batches queued ahead in order: the time this one
             # waited there behind the one before it is that one's, not its own.
+            t2 = time.perf_counter()
             queued_s = getattr(self.model, "queued_s", 0.0)
-            tally.inference_ms += max(0.0, time.perf_counter() - t1 - queued_s) * 1000.0
+            tally.inference_ms += max(0.0, t2 - t1 - queued_s) * 1000.0
+            # When the device ran it (a model process says; else this call's span).
+            began, ended = getattr(self.model, "device_span", None) or (t1 + queued_s, t2)
+            if tally.calls == 1 and self._device_end is not None:
+                tally.idle_before_ms = max(0.0, began - self._device_end) * 1000.0
+            self._device_end = ended
         if len(predictions) != len(texts):
             raise InferenceError(f"model returned {len(predictions)} results for {len(texts)}")
         return predictions

@@ -38,7 +38,10 @@ class BatchOutcome:
     """One batch's outcomes (one per input, in order) and what computing them cost.
 
     Token counts and times add up over every model call the batch needed
-    (``model_calls`` > 1 when a failure was bisected).
+    (``model_calls`` > 1 when a failure was bisected). ``idle_before_ms``: how long
+    the device sat idle between the end of the engine's previous forward and this
+    batch's start (None for the engine's first batch); nothing says whether work
+    was waiting meanwhile, the caller knows (:class:`pipeline.worker.batches.HandoverLead`).
     """
 
     outcomes: list[Outcome]
@@ -48,6 +51,7 @@ class BatchOutcome:
     tokenize_ms: float = 0.0
     inference_ms: float = 0.0
     model_calls: int = 0
+    idle_before_ms: float | None = None
 
     def __post_init__(self) -> None:
         assert len(self.outcomes) == self.batch_size, "one outcome per input"

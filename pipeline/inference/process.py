@@ -88,6 +88,8 @@ class RemoteModel:
         #: How long the last forward waited in the child behind batches queued before
         #: it, after it was asked for (the engine does not count it as its own time).
         self.queued_s = 0.0
+        #: The last forward's (start, end) in the child, on the host's perf_counter clock.
+        self.device_span: tuple[float, float] | None = None
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._tok: Connection | None = None
@@ -316,6 +318,7 @@ class RemoteModel:
     def forward(self, enc: Encoded) -> list[Prediction]:
         """Compute a batch :meth:`tokenize` prepared; one prediction per text."""
         assert enc.handle is not None
+        self.device_span = None
         asked = time.perf_counter()
         with self._fwd_lock:
             with self._ahead_lock:
@@ -335,6 +338,7 @@ class RemoteModel:
             _ok, _handle, body, wall, wait, started = self._await(enc.handle)
         # perf_counter is the host's monotonic clock, the same in both processes.
         self.queued_s = max(0.0, started - asked)
+        self.device_span = (started, started + wall)
         self.timing.add(wall, wait)
         if body[0] == "embed":
             data, n = body[1], body[2]

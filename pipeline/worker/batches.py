@@ -5,7 +5,9 @@ deadline predictions stay true): with a hand-over lead, when the running one
 is predicted (by the scheduler's latency model) to end within the engine's
 measured tokenisation time plus ``scheduler.handover_ms``, so the engine
 tokenises the next meanwhile (two in the engine at most); without, or where
-the engine gains nothing from it (a CPU), after it ended. What the scheduler
+the engine gains nothing from it (a CPU), after it ended. The lead learns
+(:class:`HandoverLead`): what the device waited for a batch formed at the
+hand-over is added to it. What the scheduler
 expired is dead-lettered; what it planned goes to compute; each batch's run
 time goes back to the scheduler's controller and the metrics.
 
@@ -36,7 +38,46 @@ from pipeline.worker.compute import Compute
 from pipeline.worker.gates import LaneGates
 from pipeline.worker.records import Work
 
-__all__ = ["BatchLoop"]
+__all__ = ["BatchLoop", "HandoverLead"]
+
+
+class HandoverLead:
+    """How long before the running batch's predicted end the next one is formed: the
+    engine's tokenisation time plus ``handover_ms``, plus what the device was measured
+    to wait for batches formed at the hand-over.
+
+    A batch handed over in time still reaches the device after it went idle when the
+    hand-over takes longer than the engine's tokenisation (the worker's threads wait
+    for its interpreter lock, the pipes, the model process's queue) or the running
+    batch ends before its prediction. On the simulated slow device with a 3 ms lead
+    the device idled a quarter of a saturated phase; with 40 ms, an eighth (F 0.76 ->
+    0.99, one run each). So each wait the device reports before a batch formed at the
+    hand-over (:attr:`BatchOutcome.idle_before_ms`) is added to the lead, and each
+    batch that found it still busy takes back ``DECAY`` of the extra, since a batch
+    formed earlier than needed keeps later realtime requests out of it. The extra
+    stays within ``MAX_EXTRA_MS``: past it the device waits for something other than
+    the hand-over (a host too slow to feed it), which an earlier batch cannot cure.
+    """
+
+    MAX_EXTRA_MS = 50.0
+    DECAY = 0.03
+    #: A wait shorter than this is the clocks' and the pipes' noise, not a late batch.
+    NOISE_MS = 0.5
+
+    def __init__(self, handover_ms: float) -> None:
+        self.handover_ms = handover_ms
+        self.extra_ms = 0.0
+
+    def ms(self, tokenize_ms: float | None) -> float:
+        """The lead now, given the engine's measured tokenisation time per batch."""
+        return self.handover_ms + (tokenize_ms or 0.0) + self.extra_ms
+
+    def observe(self, idle_before_ms: float) -> None:
+        """A batch formed at the hand-over found the device idle this long."""
+        if idle_before_ms > self.NOISE_MS:
+            self.extra_ms = min(self.extra_ms + idle_before_ms, self.MAX_EXTRA_MS)
+        else:
+            self.extra_ms *= 1 - self.DECAY
 
 
 class BatchLoop:
@@ -75,6 +116,7 @@ class BatchLoop:
         self._engine_free_ms = 0.0  # when the engine is predicted to have run them all
         self._batch_done = asyncio.Event()
         self._budget_changes = (0.0, 0.0)
+        self.lead = HandoverLead(settings.scheduler.handover_ms)
 
     def wake(self) -> None:
         """Work was queued: look for a batch now."""
@@ -92,11 +134,15 @@ class BatchLoop:
             await self._sweep_until_a_slot_frees()
             await self._batch_slots.acquire()
             await self._until_handover()
-            plan = await self._next_plan()
+            # Formed at the hand-over: the engine was busy and work was waiting. (Had it to
+            # wait for work, the device's idle time before it is not the hand-over's.)
+            busy = bool(self._inflight_ms)
+            plan, waited = await self._next_plan()
             now = self._clock_ms()
+            handed_over = busy and not waited
             self._inflight_ms[id(plan)] = plan.predicted_ms
             self._engine_free_ms = max(float(now), self._engine_free_ms) + plan.predicted_ms
-            task = self._spawn(self._run_plan(plan))
+            task = self._spawn(self._run_plan(plan, handed_over=handed_over))
             task.add_done_callback(self._slot_freed)
 
     def _slot_freed(self, _task: asyncio.Task[Any]) -> None:
@@ -130,8 +176,9 @@ class BatchLoop:
     async def _until_handover(self) -> None:
         """Wait while batches in the engine are predicted to run longer than the lead."""
         while self._inflight_ms:
-            lead = self.settings.scheduler.handover_ms + (self.engine.tokenize_ms() or 0.0)
-            wait_ms = self._engine_free_ms - lead - self._clock_ms()
+            wait_ms = (
+                self._engine_free_ms - self.lead.ms(self.engine.tokenize_ms()) - self._clock_ms()
+            )
             if wait_ms <= 0:
                 return
             self._batch_done.clear()
@@ -144,8 +191,10 @@ class BatchLoop:
         self._engine_free_ms = self._clock_ms() + sum(self._inflight_ms.values())
         self._batch_done.set()
 
-    async def _next_plan(self) -> Plan[Work]:
-        """Wait until the scheduler has a batch to run; dead-letter what it expired."""
+    async def _next_plan(self) -> tuple[Plan[Work], bool]:
+        """Wait until the scheduler has a batch to run; dead-letter what it expired.
+        Returns the plan and whether it had to wait for one."""
+        waited = False
         while True:
             now = self._clock_ms()
             self._wake.clear()
@@ -155,8 +204,9 @@ class BatchLoop:
                 self.gates.apply()
                 self._expire(plan.expired, now, "as a batch was planned")
                 if plan.items:
-                    return plan
+                    return plan, waited
                 continue
+            waited = True
             wait = self.scheduler.wait_ms(now, engine_free_ms=self._engine_free_ms)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), None if wait is None else wait / 1000)
@@ -174,13 +224,15 @@ class BatchLoop:
             )
             self._spawn(self.answers.dead_letter(work.incoming, error, 1, req.request_id))
 
-    async def _run_plan(self, plan: Plan[Work]) -> None:
+    async def _run_plan(self, plan: Plan[Work], *, handed_over: bool = False) -> None:
         batch = plan.items
         start = self._clock_ms()
         try:
             ran = await self.compute.run_batch(batch, shape=(plan.seq_len, plan.batch_shape))
         finally:
             self._batch_finished(plan)
+        if handed_over and ran is not None and ran.idle_before_ms is not None:
+            self.lead.observe(ran.idle_before_ms)
         latency_ms = ran.ms if ran is not None else float(self._clock_ms() - start)
         self.scheduler.observe(
             plan,

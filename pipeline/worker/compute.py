@@ -39,6 +39,7 @@ class Ran:
     ms: float
     real_tokens: int = 0
     padded_tokens: int = 0
+    idle_before_ms: float | None = None  # the device's wait before it (BatchOutcome)
 
 
 class Compute:
@@ -146,7 +147,9 @@ class Compute:
                 self._spawn(self._retry(work))
         if answers:
             self._spawn(self.answers.results(answers))  # one task for the batch's results
-        return Ran(outcome.inference_ms, outcome.n_tokens, outcome.padded_tokens)
+        return Ran(
+            outcome.inference_ms, outcome.n_tokens, outcome.padded_tokens, outcome.idle_before_ms
+        )
 
     async def _retry(self, work: Work) -> None:
         await asyncio.sleep(backoff_ms(work.attempts, self.settings.retry) / 1000)

@@ -338,6 +338,39 @@ def test_time_a_forward_waited_behind_earlier_batches_is_not_its_own() -> None:
     assert queued.inference_ms == 0.0
 
 
+def test_the_device_idle_time_before_each_batch_is_measured() -> None:
+    """``idle_before_ms``: from the end of the engine's previous forward to this one's
+    start, on the device's own clock where the model gives one (``device_span``: a
+    model process's start and end in the child), else the forward call's."""
+
+    class Spans(FakeModel):
+        device_span: tuple[float, float] | None = None
+
+        def forward(self, enc: Encoded) -> list[Prediction]:
+            now = time.perf_counter()
+            if enc.texts == ["late"]:  # the device started it 30 ms after it was asked
+                self.device_span = (now + 0.030, now + 0.031)
+            else:
+                self.device_span = None
+            return super().forward(enc)
+
+    engine = InferenceEngine(Spans())
+    engine.start()
+
+    async def main() -> list[BatchOutcome]:
+        first = await engine.run(["first"])
+        await asyncio.sleep(0.05)  # the engine idles 50 ms
+        return [first, await engine.run(["second"]), await engine.run(["late"])]
+
+    try:
+        first, second, late = asyncio.run(main())
+    finally:
+        engine.stop(timeout=10)
+    assert first.idle_before_ms is None  # nothing ran before it
+    assert second.idle_before_ms is not None and 45.0 <= second.idle_before_ms < 1000.0
+    assert late.idle_before_ms is not None and late.idle_before_ms >= 29.0
+
+
 def test_stop_joins_the_thread_and_refuses_new_work() -> None:
     engine = InferenceEngine(FakeModel())
     engine.start()
