@@ -100,7 +100,8 @@ class SchedulerSettings:
     handover_ms: float = _field(
         3.0,
         "on a GPU, the next batch is formed when the running one is predicted to end within this "
-        "plus the engine's measured tokenisation time (so it is tokenised meanwhile); < 0: after "
+        "plus the engine's measured tokenisation time (so it is tokenised meanwhile), plus what "
+        "the device was measured to wait for such batches (at most 50 ms more); < 0: after "
         "it ended. On a CPU batches run one at a time",
     )
     triage: str = _field(
