@@ -305,15 +305,7 @@ def _fill_by_length(
             return
         rows = len(draft)
         share = _share_ms(draft, side, len(by_bucket[side]), cost_ms)
-        _fill(
-            draft,
-            (
-                e
-                for e in by_bucket[side]
-                if _affine(draft, e, anchor, cost_ms)
-                and cost_ms(draft.cost_with(e)[0]) - cost_ms(draft.padded) <= share
-            ),
-        )
+        _fill(draft, (e for e in by_bucket[side] if _affine(draft, e, anchor, cost_ms, share)))
         if len(draft) == rows:
             for b in [b for b in by_bucket if (b - anchor) * (side - anchor) > 0]:
                 by_bucket[b] = []
@@ -340,19 +332,25 @@ def _crowded(entries: Sequence[Entry[T]], shapes: Shapes, budget: int, max_items
 
 
 def _affine(
-    draft: Draft[T], entry: Entry[T], anchor: int, cost_ms: Callable[[int], float] | None
+    draft: Draft[T],
+    entry: Entry[T],
+    anchor: int,
+    cost_ms: Callable[[int], float] | None,
+    share_ms: float = math.inf,
 ) -> bool:
     """Whether ``entry`` is close enough in length to ride with a batch anchored at
     bucket ``anchor``: the same bucket; with ``cost_ms``, any bucket while the batch's
-    predicted time per real token does not rise; without, one bucket away while the
-    batch stays at most ``MAX_AFFINITY_PADDING`` padding."""
+    predicted time per real token does not rise and the time it adds is at most
+    ``share_ms`` (:func:`_share_ms`); without, one bucket away while the batch stays at
+    most ``MAX_AFFINITY_PADDING`` padding."""
     if entry.bucket == anchor:
         return True
     padded, real = draft.cost_with(entry)
     if cost_ms is not None:
         if not draft.entries:
             return True
-        return cost_ms(padded) * draft.real <= cost_ms(draft.padded) * real
+        now = cost_ms(draft.padded)
+        return cost_ms(padded) * draft.real <= now * real and cost_ms(padded) - now <= share_ms
     if abs(entry.bucket - anchor) != 1:
         return False
     return 1 - real / padded <= MAX_AFFINITY_PADDING
