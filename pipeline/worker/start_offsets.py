@@ -21,11 +21,21 @@ restarted broker on the same port: its group-offset requests timed out on
 every try, or its log-start requests failed with FENCED_LEADER_EPOCH on every
 try, while a new client answered at once); kept, it held the partitions of
 every later rebalance for good.
+
+The group's offsets are asked through a consumer that never joins the group, not
+through the admin client: librdkafka 2.16's admin ``list_consumer_group_offsets``
+crashes the process (a segfault in ``result()``) when the group's coordinator
+answers NOT_COORDINATOR, which a broker does while its offsets topic is created or
+loaded (measured: every first lookup on a broker where no group had yet existed).
+The admin's answer handler then re-queries the coordinator through a consumer
+group handle the admin client does not have; a consumer has one, and the same
+answer is a NOT_COORDINATOR error, retried like any failed lookup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -49,8 +59,9 @@ class StartOffsets:
     partition's offset, waiting for a lookup under way or starting one, and
     retrying failed lookups every ``retry_s`` (doubling up to ``retry_max_s``)
     for as long as the partition is assigned; it returns None only when the
-    partition was forgotten (revoked) meanwhile. One admin client serves the
-    lookups until one fails; the next lookup builds a new one.
+    partition was forgotten (revoked) meanwhile. One pair of clients (a consumer
+    that never joins the group, for its committed offsets; an admin client, for the
+    logs' first offsets) serves the lookups until one fails; the next builds a new pair.
     """
 
     def __init__(
@@ -67,7 +78,7 @@ class StartOffsets:
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self._lookup_fn: LookupFn = lookup or self._lookup
-        self._admin: Any = None
+        self._clients: _Clients | None = None
         self._lookups: dict[TopicPartition, asyncio.Future[dict[TopicPartition, int]]] = {}
         self.failures = 0  # failed lookups over the worker's life (a metric's source)
         self._revoked: set[TopicPartition] = set()
@@ -135,39 +146,58 @@ class StartOffsets:
         return partition in self._revoked
 
     def _lookup(self, todo: list[TopicPartition]) -> dict[TopicPartition, int]:
-        from confluent_kafka import ConsumerGroupTopicPartitions
         from confluent_kafka import TopicPartition as TP
-        from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-        from pipeline.kafka.security import client_config
-
-        admin = self._admin
+        clients = self._clients
         try:
-            if admin is None:
-                admin = self._admin = AdminClient(client_config(self.settings))
-            group = ConsumerGroupTopicPartitions(
-                self.settings.worker.app_id, [TP(t, p) for t, p in todo]
-            )
-            (fut,) = admin.list_consumer_group_offsets([group]).values()
+            if clients is None:
+                clients = self._clients = _Clients.of(self.settings)
             found: dict[TopicPartition, int] = {}
-            for tp in fut.result(timeout=self.timeout_s).topic_partitions:
+            asked = [TP(t, p) for t, p in todo]
+            for tp in clients.group.committed(asked, timeout=self.timeout_s):
+                if tp.error is not None:
+                    raise RuntimeError(f"{tp.topic}[{tp.partition}]: {tp.error}")
                 if tp.offset >= 0:
                     found[(tp.topic, tp.partition)] = int(tp.offset)
             missing = [tp for tp in todo if tp not in found]
             if missing:
                 earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-                futures = admin.list_offsets({TP(t, p): earliest for t, p in missing})
+                futures = clients.admin.list_offsets({TP(t, p): earliest for t, p in missing})
                 for tp, low in futures.items():
                     found[(tp.topic, tp.partition)] = int(low.result(timeout=self.timeout_s).offset)
             return found
         except Exception as exc:
             from pipeline.errors import BrokerUnavailable
 
-            # Possibly wedged since a broker restart: the next lookup asks through a new
-            # client. Only this one: a lookup running beside it may have built a new one
-            # already. The client is closed when the last lookup using it lets it go.
-            if self._admin is admin:
-                self._admin = None
+            # Possibly wedged since a broker restart: the next lookup asks through new
+            # clients. Only these: a lookup running beside it may have built new ones
+            # already. They are destroyed when the last lookup using them lets them go.
+            if self._clients is clients:
+                self._clients = None
             raise BrokerUnavailable(
                 f"start offsets of {len(todo)} partitions: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Clients:
+    """The lookup's clients: ``group`` reads the group's committed offsets (a consumer
+    in the worker's group that never subscribes, so never joins it), ``admin`` the
+    logs' first offsets."""
+
+    group: Any
+    admin: Any
+
+    @classmethod
+    def of(cls, settings: Settings) -> _Clients:
+        from confluent_kafka import Consumer
+        from confluent_kafka.admin import AdminClient
+
+        from pipeline.kafka.security import client_config
+
+        config = client_config(settings)
+        group = Consumer(
+            {**config, "group.id": settings.worker.app_id, "enable.auto.commit": False}
+        )
+        return cls(group=group, admin=AdminClient(config))

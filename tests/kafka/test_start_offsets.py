@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -101,6 +104,57 @@ def test_lookups_after_a_broker_restart_find_the_offsets_again(
     assert asyncio.run(rebalance()) == [3, 0, 0]
     # Not one retry per partition forever: the second client answered.
     assert starts.failures <= 6, starts.failures
+
+
+#: A lookup in a process of its own: a segfault there fails the test, not pytest.
+_LOOKUP_ALONE = """
+import asyncio, dataclasses, json, sys
+from pipeline.settings import Settings
+from pipeline.worker.start_offsets import StartOffsets
+bootstrap, topic, group = sys.argv[1:4]
+base = Settings.from_env()
+settings = base.replace(
+    kafka=dataclasses.replace(base.kafka, bootstrap_servers=bootstrap),
+    worker=dataclasses.replace(base.worker, app_id=group),
+)
+starts = StartOffsets(settings, timeout_s=3.0, retry_s=0.1, retry_max_s=0.5)
+partitions = [(topic, p) for p in range(3)]
+
+async def lookup():
+    starts.assigned(partitions)
+    return [await asyncio.wait_for(starts.get(tp), 60) for tp in partitions]
+
+print(json.dumps(asyncio.run(lookup())))
+"""
+
+
+@pytest.mark.slow
+def test_the_first_lookup_on_a_broker_where_no_group_ever_existed_finds_the_log_starts(
+    make_local_kafka: Callable[[], LocalKafka],
+) -> None:
+    """On a broker where no group has existed yet, the group's coordinator answers
+    NOT_COORDINATOR while its offsets topic is created and loaded; librdkafka 2.16's
+    admin ``list_consumer_group_offsets`` crashed the process on that answer (a
+    segfault, every first try). The lookup asks a consumer instead: the answer is an
+    error it retries, and then no committed offset, so the logs' starts."""
+    broker = make_local_kafka()
+    bootstrap = broker.up()
+    topic = f"first-starts-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for _ in range(4):
+        producer.produce(topic, value=b"x", partition=2)
+    producer.flush(30)
+    deleted = TopicPartition(topic, 2, 2)  # partition 2's log starts at 2
+    admin.delete_records([deleted])[deleted].result(timeout=30)
+    group = f"first-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOKUP_ALONE, bootstrap, topic, group],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])  # -11: the segfault
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, 0, 2]
 
 
 def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
