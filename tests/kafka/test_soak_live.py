@@ -1,6 +1,7 @@
 """``pipeline bench --soak`` for a few seconds: its own broker, a real worker (the tiny
-BERT), a second worker joining and leaving, the broker restarted. No timing asserts;
-the soak's arithmetic is tests/unit/tools/test_soak.py."""
+BERT), a second worker joining and leaving, the broker restarted, a worker joining
+and leaving again. No timing asserts; the soak's arithmetic is
+tests/unit/tools/test_soak.py."""
 
 from __future__ import annotations
 
@@ -32,9 +33,15 @@ def test_a_short_soak_answers_everything_through_its_events_and_writes_the_repor
     assert report["sent"] > 0
     assert report["unanswered"] == 0, report["producer_errors"]
     events = {e["event"]: e for e in report["events"]}
-    assert list(events) == ["worker joins", "worker leaves", "broker restart"]
+    assert list(events) == [
+        "worker joins", "worker leaves", "broker restart",
+        "worker joins after the restart", "worker leaves after the restart",
+    ]  # fmt: skip
     assert events["worker leaves"]["exit_code"] == 0
+    assert events["worker leaves after the restart"]["exit_code"] == 0
     assert "down_s" in events["broker restart"]  # its own broker, restarted
+    # One entry per worker's log (the first worker, then each joiner's own).
+    assert len(report["held_partitions"]) == 3
     assert not (out / "work").exists()  # the broker's and workers' folders are gone
     samples = report["samples"]
     assert len(samples) >= 3

@@ -11,16 +11,21 @@ growing unless it is bounded. At fixed points of the run:
 
 - 1/3: a second worker joins the group (a rebalance);
 - 1/2: it leaves (SIGTERM, a second rebalance);
-- 2/3: the broker is stopped (SIGTERM) and started again on the same data.
+- 2/3: the broker is stopped (SIGTERM) and started again on the same data;
+- 3/4 and 5/6: a second worker joins and leaves again, so the first worker looks
+  its partitions' start offsets up after the restart (its clients were connected
+  before it, and a client connected across a restart may never answer again).
 
 Every ``sample_s`` it reads the first worker's RSS and open file descriptors
 (``/proc``), its model process's RSS, its data folder's size on disk
 (RocksDB) and the group's consumer lag over the lane topics (:mod:`.soak_probes`).
-Answers come back through the bench's collector, which also counts request ids
-answered more than once. :mod:`.soak_report` turns this into ``soak.json`` and
-``soak.png``: the RSS slope after warm-up is ``summary.rss_slope_mib_per_hour``,
-the warm-up ending where the worker's RocksDB folder reaches its dedupe stores'
-memory bound (partitions x ``PIPELINE_DEDUPE_STORE_MEMORY_MIB``).
+The workers' logs tell which partitions they held for want of a start offset
+(``held_partitions``). Answers come back through the bench's collector, which
+also counts request ids answered more than once. :mod:`.soak_report` turns this
+into ``soak.json`` and ``soak.png``: the RSS slope after warm-up is
+``summary.rss_slope_mib_per_hour``, the warm-up ending where the worker's RocksDB
+folder reaches its dedupe stores' memory bound (partitions x
+``PIPELINE_DEDUPE_STORE_MEMORY_MIB``).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class SoakConfig:
             (d / 3.0, "worker joins"),
             (d / 2.0, "worker leaves"),
             (2 * d / 3.0, "broker restart"),
+            (3 * d / 4.0, "worker joins after the restart"),
+            (5 * d / 6.0, "worker leaves after the restart"),
         ]
 
 
@@ -124,6 +131,7 @@ class _Run:
     broker: LocalKafka | None
     prefix: str = dataclasses.field(default_factory=lambda: f"soak-{uuid.uuid4().hex[:6]}-")
     joiner: WorkerProcess | None = None
+    joiner_logs: list[Path] = dataclasses.field(default_factory=list)
     sampler: Sampler | None = None
     lag: Lag | None = None
     rate: float = 0.0
@@ -183,10 +191,11 @@ class _Run:
     def event(self, name: str, t_s: float) -> None:
         say(f"soak: {name} at {t_s:.0f} s")
         detail: dict[str, Any] = {}
-        if name == "worker joins":
-            self.joiner = _join(self.dep, self.config.out)
+        if name.startswith("worker joins"):
+            self.joiner = _join(self.dep, self.config.out, len(self.joiner_logs) + 1)
+            self.joiner_logs.append(self.joiner.log_path)
             detail["ready_s"] = round(self.joiner.wait_ready(300), 1)
-        elif name == "worker leaves" and self.joiner is not None:
+        elif name.startswith("worker leaves") and self.joiner is not None:
             t = time.monotonic()
             detail["exit_code"] = self.joiner.stop()
             detail["stop_s"] = round(time.monotonic() - t, 1)
@@ -251,19 +260,28 @@ def _sent(dep: Deployment, prefix: str) -> int:
     return sum(1 for rid in list(dep.collector.sent) if rid.startswith(prefix))
 
 
+def _read(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
 def _sleep_until(deadline: float) -> None:
     time.sleep(max(0.0, deadline - time.monotonic()))
 
 
-def _join(dep: Deployment, out: Path) -> WorkerProcess:
-    """A second worker in the first one's group: its own data folder and ports."""
+def _join(dep: Deployment, out: Path, nth: int) -> WorkerProcess:
+    """The ``nth`` second worker in the first one's group: its own data folder, log
+    and ports."""
+    name = f"{dep.name}-joiner" + (f"-{nth}" if nth > 1 else "")
     env = {
         **dep.worker_envs[0],
-        "PIPELINE_WORKER_DATA_DIR": str(out / "work" / f"{dep.name}-joiner"),
+        "PIPELINE_WORKER_DATA_DIR": str(out / "work" / name),
         "PIPELINE_WORKER_WEB_PORT": str(free_port()),
         "PIPELINE_METRICS_PORT": str(free_port()),
     }
-    return start_worker(dep.app, env, dep.log_path.with_name(f"{dep.name}-joiner.log"))
+    return start_worker(dep.app, env, dep.log_path.with_name(f"{name}.log"))
 
 
 def _report(run: _Run) -> dict[str, Any]:
@@ -298,6 +316,10 @@ def _report(run: _Run) -> dict[str, Any]:
         "repeated_answers": len(repeats),
         "repeated_by_event": soak_report.repeats_by_event(repeats, run.events, config.duration_s),
         "events": run.events,
+        "held_partitions": {
+            path.name: soak_report.held_partitions(_read(path), t0)
+            for path in [run.dep.log_path, *run.joiner_logs]
+        },
         "summary": summary,
         "per_minute": soak_report.per_minute(latencies, expired, config.duration_s),
         "samples": sampler.rows,

@@ -7,6 +7,8 @@
   once) in each stretch that starts at an event;
 - :func:`warmup_at_store_bound`: where the warm-up ends, from the dedupe store's
   memory bound, not from the RSS it is meant to judge;
+- :func:`held_partitions`: the partitions a worker's log says it held for want of a
+  start offset, and when;
 - :func:`summarise`: the report's headline figures and the targets they meet
   (:func:`memory_summary` and :func:`latency_summary`);
 - :func:`plot`: ``soak.png``, the timeline of every reading with the events marked.
@@ -18,8 +20,10 @@ before the warm-up rule.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +36,7 @@ __all__ = [
     "MIN_AFTER_WARMUP_S",
     "P99_DRIFT_TARGET",
     "RSS_SLOPE_TARGET_MIB_H",
+    "held_partitions",
     "latency_summary",
     "memory_summary",
     "per_minute",
@@ -105,6 +110,32 @@ def per_minute(
         )
         start = end
     return rows
+
+
+#: A worker's log line (text format) saying it holds a partition: its time, the partition.
+_HELD = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*?"
+    r"(\S+\[\d+\]): start offset unknown .*holding the partition"
+)
+
+
+def held_partitions(lines: Sequence[str], t0_ms: float) -> list[dict[str, Any]]:
+    """Per partition a worker's log (text format, local time) says it held for want of
+    its start offset: how many lookups failed, the first and the last failure's time
+    (seconds after ``t0_ms``, epoch ms). Repeats its log filter held back are not
+    counted; each partition's span is what tells how long it was held."""
+    seen: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        match = _HELD.match(line)
+        if match is None:
+            continue
+        stamp, millis, partition = match.groups()
+        at = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(millis) / 1000
+        t_s = round(at - t0_ms / 1000.0, 1)
+        row = seen.setdefault(partition, {"partition": partition, "failures": 0, "first_s": t_s})
+        row["failures"] += 1
+        row["last_s"] = t_s
+    return list(seen.values())
 
 
 def repeats_by_event(

@@ -252,9 +252,10 @@ def _sets(
     help="Instead of the modes: one adaptive worker for SECONDS at 50 %% of its saturated "
     "throughput (--rate sets the base, --loads' first fraction the share, -n the calibration "
     "burst), mostly new texts (--dup-rate, 0.05 unless given), a second worker joining at 1/3 "
-    "and leaving at 1/2, the broker restarted at 2/3 (its own broker; none with --bootstrap). "
-    "Writes soak.json (RSS slope after warm-up, fds, RocksDB size, lag, realtime p99 per "
-    "minute, repeated answers) and soak.png into --out.",
+    "and leaving at 1/2, the broker restarted at 2/3 (its own broker; none with --bootstrap), "
+    "a second worker joining at 3/4 and leaving at 5/6. Writes soak.json (RSS slope after "
+    "warm-up, fds, RocksDB size, lag, realtime p99 per minute, repeated answers, partitions "
+    "held for want of a start offset) and soak.png into --out.",
 )
 @keep_broker_option
 @click.pass_obj

@@ -3,6 +3,7 @@ The run itself (a real broker, workers, a restart) is tests/kafka/test_soak_live
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from pipeline.tools.bench.soak import SoakConfig
 from pipeline.tools.bench.soak_probes import dir_bytes, open_fds, rss_bytes
 from pipeline.tools.bench.soak_report import (
     MIB,
+    held_partitions,
     latency_summary,
     memory_summary,
     per_minute,
@@ -152,7 +154,33 @@ def test_events_at_fixed_fractions() -> None:
         (600.0, "worker joins"),
         (900.0, "worker leaves"),
         (1200.0, "broker restart"),
+        (1350.0, "worker joins after the restart"),  # a rebalance after the restart
+        (1500.0, "worker leaves after the restart"),
     ]
+
+
+def test_held_partitions_are_read_from_a_workers_log() -> None:
+    t0 = dt.datetime(2026, 12, 6, 9, 16, 0).timestamp() * 1000.0  # local time, as logged
+    held = (
+        "[2026-12-06 09:16:{s}] [30372] [WARNING] pipeline.worker.start_offsets: "
+        "app.inference.requests.{lane}[0]: start offset unknown (BrokerUnavailable: start "
+        "offsets of 9 partitions: TimeoutError: ); holding the partition, asking again in 0.5s"
+    )
+    lines = [
+        held.format(s="27,407", lane="realtime"),
+        "[2026-12-06 09:16:28,000] [30372] [WARNING] pipeline.observability.stalls: "
+        "event loop stalled for 106 ms",
+        held.format(s="28,500", lane="bulk"),
+        held.format(s="31,250", lane="realtime"),
+        "Traceback (most recent call last):",
+    ]
+    assert held_partitions(lines, t0) == [
+        {"partition": "app.inference.requests.realtime[0]", "failures": 2,
+         "first_s": 27.4, "last_s": 31.2},
+        {"partition": "app.inference.requests.bulk[0]", "failures": 1,
+         "first_s": 28.5, "last_s": 28.5},
+    ]  # fmt: skip
+    assert held_partitions([], t0) == []
 
 
 def test_readings_of_this_process_and_a_folder(tmp_path: Path) -> None:
