@@ -12,7 +12,8 @@
 - :mod:`.run`: phases and modes in order
 - :mod:`.goodput`: realtime goodput, on time over what the model could have finished
 - :mod:`.feed`: how well the pipeline feeds the device: F, G, U, batches against raw's
-- :mod:`.report`: targets, Markdown, JSON, plots
+- :mod:`.targets`: the issue's targets, each judged within one run
+- :mod:`.report`: Markdown, JSON, plots
 - :mod:`.soak` (``--soak SECONDS``): one worker under steady load for a long time, with a
   rebalance and a broker restart; :mod:`.soak_report`: its RSS slope, per-minute p99, plot
 """
