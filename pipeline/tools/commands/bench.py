@@ -1,22 +1,21 @@
-"""``pipeline bench``: throughput and latency of every mode on the real broker."""
+"""``pipeline bench``: throughput and latency of every mode on the real broker.
+
+This file is the command's surface: its flags, their checks and its help. What the
+parsed flags run (the modes' :class:`~pipeline.tools.bench.run.BenchConfig`, or the
+soak) is :mod:`.bench_run`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from pipeline.settings import Settings
 from pipeline.settings.serving import SIM_PROFILES
-from pipeline.tools.bench.run import DEFAULT_MODES, MODES, BenchConfig
-from pipeline.tools.commands.options import (
-    bootstrap_option,
-    keep_broker_option,
-    local_broker_unless,
-    seed_option,
-)
+from pipeline.tools.bench.run import DEFAULT_MODES, MODES
+from pipeline.tools.commands.options import bootstrap_option, keep_broker_option, seed_option
 
 __all__ = ["bench"]
 
@@ -249,7 +248,7 @@ def _sets(
     type=click.FloatRange(30),
     default=None,
     metavar="SECONDS",
-    help="Instead of the modes: one adaptive worker for SECONDS at 50 %% of its saturated "
+    help="Instead of the modes: one adaptive worker for SECONDS at 50 % of its saturated "
     "throughput (--rate sets the base, --loads' first fraction the share, -n the calibration "
     "burst), mostly new texts (--dup-rate, 0.05 unless given), a second worker joining at 1/3 "
     "and leaving at 1/2, the broker restarted at 2/3 (its own broker; none with --bootstrap), "
@@ -317,100 +316,22 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
       pipeline bench --modes adaptive --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5  # A/B a setting
       pipeline bench --modes fleets --workers 2   # one fleet or two, on the backlog
     """
-    from pipeline.tools.bench import run_bench, write_report
+    from pipeline.tools.commands.bench_run import modes_config, run_modes, run_soak
 
     if soak_s is not None:
-        _soak(settings, bootstrap, soak_s, out=out, rate=rate, loads=loads, requests=requests,
-              dup_rate=dup_rate, seed=seed, device=device, worker_env=worker_env)  # fmt: skip
+        given = click.get_current_context().get_parameter_source("dup_rate")
+        run_soak(settings, bootstrap, soak_s, out=out, rate=rate, loads=loads,
+                 requests=requests, dup_rate=None if given == ParameterSource.DEFAULT else dup_rate,
+                 seed=seed, device=device, worker_env=worker_env)  # fmt: skip
         return
-    config = BenchConfig.quick() if quick else BenchConfig()
-    changes: dict[str, object] = {
-        "modes": modes,
-        "dup_rate": dup_rate,
-        "seed": seed,
-        "out": out,
-        "device": device,
-        "sim_profile": sim_profile,
-        "rate": rate,
-        "fixed_batch": fixed_batch,
-        "fixed_wait_ms": fixed_wait_ms,
-        "threads": threads,
-        "workers": workers,
-        "fleet_realtime_workers": fleet_realtime_workers,
-        "worker_env": worker_env,
-    }
-    if requests is not None:
-        changes["requests"] = requests
-    if noop_requests is not None:
-        changes["noop_requests"] = noop_requests
-    if duration is not None:
-        changes["duration_s"] = duration
-    if loads:
-        changes["loads"] = loads
-    for name, value in (
-        ("burst_requests", burst_requests),
-        ("burst_small_requests", burst_small_requests),
-        ("backlog_requests", backlog_requests),
-        ("backlog_max_s", backlog_max_s),
-        ("idle_requests", idle_requests),
-        ("idle_s", idle_s),
-    ):
-        if value is not None:
-            changes[name] = value
-    if device in ("cuda", "sim"):  # a device that wants hundreds of texts a batch
-        changes["raw_budgets"] = (4096,) if quick else (2048, 4096, 8192, 16384)
-        if requests is None and not quick:
-            changes["requests"] = ACCELERATOR_REQUESTS
-    if device == "cuda":
-        changes["st_sizes"] = (32,) if quick else (32, 128, 512)
-    config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
-
-    with local_broker_unless(bootstrap, settings, keep=keep_broker) as address:
-        report = run_bench(config, settings, address)
-    paths = write_report(report, out)
-    click.echo((out / "bench.md").read_text(encoding="utf-8"))
-    for kind, path in paths.items():
-        click.echo(f"{kind}: {path}", err=True)
-    sys.stdout.flush()
-
-
-#: Requests per saturation phase on an accelerator (sim, cuda) unless -n says: at
-#: ~2,000 texts/s (the slow simulated device) 1,000 last half a second.
-ACCELERATOR_REQUESTS = 6000
-
-
-def _soak(
-    settings: Settings,
-    bootstrap: str | None,
-    duration_s: float,
-    *,
-    out: Path,
-    rate: float,
-    loads: tuple[float, ...],
-    requests: int | None,
-    dup_rate: float,
-    seed: int,
-    device: str | None,
-    worker_env: tuple[tuple[str, str], ...],
-) -> None:
-    """``--soak``: run :mod:`pipeline.tools.bench.soak` and print its headline."""
-    import json
-
-    from click.core import ParameterSource
-
-    from pipeline.tools.bench.soak import SoakConfig, run_soak, write_soak
-
-    config = SoakConfig(duration_s=duration_s, out=out, rate=rate, seed=seed, device=device,
-                        worker_env=worker_env)  # fmt: skip
-    if loads:
-        config = dataclasses.replace(config, load=loads[0])
-    if requests is not None:
-        config = dataclasses.replace(config, calibrate_requests=requests)
-    if click.get_current_context().get_parameter_source("dup_rate") != ParameterSource.DEFAULT:
-        config = dataclasses.replace(config, dup_rate=dup_rate)
-    report = run_soak(config, settings, bootstrap)
-    paths = write_soak(report, out)
-    click.echo(json.dumps(report["summary"] | {"repeated_answers": report["repeated_answers"]},
-                          indent=1))  # fmt: skip
-    for kind, path in paths.items():
-        click.echo(f"{kind}: {path}", err=True)
+    config = modes_config(
+        quick=quick, modes=modes, requests=requests, noop_requests=noop_requests,
+        duration=duration, rate=rate, loads=loads, dup_rate=dup_rate, seed=seed, out=out,
+        device=device, sim_profile=sim_profile, fixed_batch=fixed_batch,
+        fixed_wait_ms=fixed_wait_ms, threads=threads, workers=workers,
+        fleet_realtime_workers=fleet_realtime_workers, burst_requests=burst_requests,
+        burst_small_requests=burst_small_requests, backlog_requests=backlog_requests,
+        backlog_max_s=backlog_max_s, idle_requests=idle_requests, idle_s=idle_s,
+        worker_env=worker_env,
+    )  # fmt: skip
+    run_modes(config, settings, bootstrap, keep_broker=keep_broker)
