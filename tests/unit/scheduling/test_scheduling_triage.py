@@ -3,16 +3,18 @@ the rest expired at once, never after their deadline (issue 31)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scheduling import Item, drive, item, scheduler
+from support.scheduling import Item, cpu_ms, drive, item, scheduler
 
 from pipeline.scheduling import Plan
 from pipeline.scheduling.budget import Shapes
 from pipeline.scheduling.lanes import Entry
-from pipeline.scheduling.triage import triage
+from pipeline.scheduling.triage import Triage, triage
 
 #: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
 BUCKETS = "8,16,32"
@@ -163,16 +165,85 @@ def test_a_long_first_text_does_not_pad_the_short_ones_of_its_burst() -> None:
     # run first in a batch of their own, the long one alone right after, in time.
     shapes = Shapes((16, 128), 32)
     long_ = Entry(100, 0, item(0, "realtime", tokens=120, deadline=100), 1)
-    short = [Entry(101, k, item(k, "realtime", tokens=12, deadline=101), 0) for k in range(1, 30)]
-
-    def cost(tokens: int) -> float:
-        return 10 + 0.2 * tokens
-
-    out = triage([long_, *short], shapes, start_ms=0, predict_ms=cost, max_items=32,
+    short = [Entry(101, k, item(k, "realtime", tokens=12, deadline=101), 0) for k in range(1, 18)]
+    out = triage([long_, *short], shapes, start_ms=0, predict_ms=_cost, max_items=32,
                  max_tokens=4096, margin_ms=0)  # fmt: skip
     first, second = out.batches[0], out.batches[1]
     # 17 short (10 + 0.2 x 16 x 17 = 64.4 ms), then the long one alone (35.6 ms): 100.
     assert all(e is not long_ for e in first) and len(first) == 17
     assert second == [long_]
-    assert out.on_time == 18
+    assert out.on_time == 18 and not out.hopeless
     # Anchored at the long text: 3 rows of 128 (86.8 ms), then 1 short: 4 on time.
+
+
+def test_beyond_capacity_a_long_text_gives_way_to_the_short_ones_it_would_cost() -> None:
+    # The same burst with 29 short texts: earliest deadlines first (the long one, then
+    # the short ones after it) finishes 18; the long one's 35.6 ms alone are the time
+    # of 11 short rows. Given up, the short ones run in one batch: 28 on time
+    # (10 + 0.2 x 16 x 28 = 99.6 ms); the long one and the 29th expire now. (The
+    # burst of 1,000 on the bench: a 102-token text ran alone while short ones expired.)
+    shapes = Shapes((16, 128), 32)
+    long_ = Entry(100, 0, item(0, "realtime", tokens=120, deadline=100), 1)
+    short = [Entry(101, k, item(k, "realtime", tokens=12, deadline=101), 0) for k in range(1, 30)]
+    lay = functools.partial(triage, [long_, *short], shapes, start_ms=0, predict_ms=_cost,
+                            max_items=32, max_tokens=4096, margin_ms=0)  # fmt: skip
+    assert earliest_first_on_time(lay) == 18
+    out = lay()
+    assert [len(b) for b in out.batches] == [28]
+    assert out.on_time == 28
+    assert long_ in out.hopeless and len(out.hopeless) == 2
+
+
+def earliest_first_on_time(lay: Callable[..., Triage[Item]]) -> int:
+    return lay(give_way=False).on_time
+
+
+def _cost(tokens: int) -> float:
+    return 10 + 0.2 * tokens
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.sampled_from([4, 8, 12, 16, 30, 60, 120]), min_size=1, max_size=40),
+    deadlines=st.lists(st.integers(20, 300), min_size=40, max_size=40),
+    max_items=st.integers(1, 32),
+)
+def test_giving_way_never_finishes_fewer_and_every_batch_ends_in_time(
+    lengths: list[int], deadlines: list[int], max_items: int
+) -> None:
+    # The length rule may only win: the layout it picks finishes at least as many as
+    # earliest deadlines first, every batch it lays out ends (as predicted) by each of
+    # its requests' deadlines, and every request is laid out, hopeless or past the
+    # layout's reach exactly once.
+    shapes = Shapes((8, 16, 32, 64, 128), max_items)
+    entries = sorted(
+        (Entry(d, k, item(k, "realtime", tokens=t, deadline=d), shapes.seq_index(t))
+         for k, (t, d) in enumerate(zip(lengths, deadlines, strict=False))),
+        key=lambda e: (e.deadline_ms, e.seq),
+    )  # fmt: skip
+    lay = functools.partial(triage, entries, shapes, start_ms=0, predict_ms=_cost,
+                            max_items=max_items, max_tokens=4096, margin_ms=2)  # fmt: skip
+    out = lay()
+    assert out.on_time >= earliest_first_on_time(lay)
+    for start, padded, batch in zip(out.starts, out.padded, out.batches, strict=True):
+        end = start + _cost(padded)
+        assert all(end <= e.deadline_ms for e in batch)
+    seen = [id(e) for b in out.batches for e in b] + [id(e) for e in out.hopeless + out.rest]
+    assert sorted(seen) == sorted(id(e) for e in entries)
+
+
+def test_the_batch_that_runs_is_the_layouts_first_not_the_heads_pick() -> None:
+    # A 50-token text with the earliest deadline (60 ms) and 20 short ones due just
+    # after it. The layout finishes the 20 short ones in one batch (12 + 0.2 x 8 x 20 =
+    # 44 ms) and gives the long one up; the batch that runs is that one. Assembled from
+    # the head in deadline order instead, the long text and one short one ran first
+    # (2 rows of 64 tokens, 37.6 ms), and 6 of the 21 finished in time.
+    burst = [item(0, "realtime", tokens=50, at=0, deadline=60)] + [
+        item(k, "realtime", tokens=6, at=0, deadline=60 + k) for k in range(1, 21)
+    ]
+    run = drive(scheduler(seq_buckets="8,16,32,64"), burst)
+    on_time = [it for now, p in run for it in p.items if now + cpu_ms(p) <= it.deadline_ms]
+    late = [it for now, p in run for it in p.items if now + cpu_ms(p) > it.deadline_ms]
+    expired = [(now, it.payload) for now, p in run for it in p.expired]
+    assert len(on_time) == 20 and not late
+    assert expired == [(0, 0)]
