@@ -5,6 +5,7 @@
 - :mod:`.budget`: length buckets, the token budget, :class:`Plan`, batch assembly
 - :mod:`.controller`: the latency model and the budget's closed loop
 - :mod:`.triage`: which realtime requests can still make their deadline, batch by batch
+- :mod:`.realtime`: the overrun realtime's plans allow for, the realtime cut and the triage's choice
 - :mod:`.scheduler`: :class:`Scheduler`, the dispatch decisions (clock injected)
 
 Wiring, in short::

@@ -30,27 +30,14 @@ on the real worker: keeping the full budget expired all 40 realtime requests,
 since a full batch was predicted past every one of their deadlines).
 
 When more realtime work is pending than one such batch holds, the realtime
-requests are laid out into the batches that would run them
-(:mod:`.triage`: earliest deadlines first, each batch as large as its
-earliest deadline allows); a request no batch of that layout finishes in
-time is expired now, well before its deadline, and when batches as large as
-the controller's budget (rather than the caps below) finish more realtime
-requests in time, or as many sooner, the batch to run now is the first of
-them, unless it would still run when a request of a lower lane becomes
-overdue (aging keeps its bound); either way the batch to run now holds the
+requests are laid out into the batches that would run them (:mod:`.realtime`,
+:mod:`.triage`): a request no batch of that layout finishes in time is
+expired now, well before its deadline, and the batch to run now holds the
 realtime requests of the layout's first batch. ``triage`` off keeps the
-capped batches.
-Predictions count from ``engine_free_ms``
-when the caller passes it: a batch planned while others are still in the
-engine starts after them (issue 31: a burst of 37 short realtime texts went
-out in batches of 8 at ~160 texts/s, the rest expiring together at their
-deadline, where one batch at the best rate finished them all).
-Realtime's plans (the triage's layout and the cut to the tightest deadline)
-multiply the latency model's predictions by the overrun the last
-``OVERRUN_BATCHES`` batches measured (run time over prediction, or the newest
-batch's if more; 1 to ``MAX_OVERRUN``): in a burst on 2 shared cores, batches ran 1.5-7x their
-prediction, and a realtime batch planned to the edge of its deadline then
-finished every one of its requests late.
+capped batches. Predictions count from ``engine_free_ms`` when the caller
+passes it: a batch planned while others are still in the engine starts after
+them. Realtime's plans (the layout and the cut) allow for the overrun the
+last batches measured (:mod:`.realtime`).
 
 No batch is planned past the controller's latency threshold, and while
 realtime flows (a realtime request arrived within ``FLOW_MS``) past
@@ -88,9 +75,7 @@ their own came after it).
 
 from __future__ import annotations
 
-import functools
 import math
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -98,8 +83,8 @@ from typing import Generic, TypeVar
 from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
+from pipeline.scheduling.realtime import RealtimePlanner
 from pipeline.scheduling.stats import SchedulerStats
-from pipeline.scheduling.triage import Triage, triage
 from pipeline.settings import LANES, SchedulerSettings
 
 __all__ = ["Scheduler", "Sweep"]
@@ -109,11 +94,6 @@ LOOKAHEAD_BATCHES = 4
 
 #: Realtime flows while its last request arrived at most this long ago (ms).
 FLOW_MS = 1000
-
-#: Realtime's plans allow for the last this many batches' measured run time over
-#: their prediction, taken as at least 1 and at most ``MAX_OVERRUN``.
-OVERRUN_BATCHES = 4
-MAX_OVERRUN = 3.0
 
 #: Sweeps (:meth:`Scheduler.sweep`) are at least this far apart: the time a sweep names
 #: for the next is never sooner, and the caller sweeps for arrivals no oftener.
@@ -175,11 +155,16 @@ class Scheduler(Generic[T]):
         self.last_latency_ms = 0.0
         self.realtime_seen_ms = -math.inf  # arrival of the latest realtime request
         self.woke_ms = -math.inf  # the latest arrival into an empty scheduler
-        self._ran: deque[tuple[float, float]] = deque(maxlen=OVERRUN_BATCHES)  # (predicted, ran)
-        #: How much longer than predicted the last batches ran (their measured run time
-        #: over their prediction, summed, or the newest batch's if more), within
-        #: 1..``MAX_OVERRUN``: realtime's plans multiply the model's predictions by it.
-        self.overrun = 1.0
+        #: The overrun, the realtime cut and the triage (:mod:`.realtime`).
+        self.realtime: RealtimePlanner[T] = RealtimePlanner(
+            settings, controller, self.shapes,
+            on=expires(self.lanes[0]) and settings.triage == "on",
+        )  # fmt: skip
+
+    @property
+    def overrun(self) -> float:
+        """How much longer than predicted the last batches ran (:mod:`.realtime`)."""
+        return self.realtime.overrun
 
     # -- queues and backpressure ---------------------------------------------
 
@@ -289,12 +274,7 @@ class Scheduler(Generic[T]):
         if not batch.items:
             return
         self.last_latency_ms = latency_ms
-        if batch.predicted_ms > 0:
-            self._ran.append((batch.predicted_ms, latency_ms))
-            ran = sum(r for _, r in self._ran) / sum(p for p, _ in self._ran)
-            # The newest batch alone when it ran slower: contention starts with a burst,
-            # and the batches before it, run at leisure, would dilute it.
-            self.overrun = min(max(ran, latency_ms / batch.predicted_ms, 1.0), MAX_OVERRUN)
+        self.realtime.observe(batch.predicted_ms, latency_ms)
         saturated = (
             batch.padded_tokens + batch.seq_len > batch.budget
             and batch.budget >= self.controller.budget
@@ -313,16 +293,9 @@ class Scheduler(Generic[T]):
     # -- internals ---------------------------------------------------------------
 
     def _budget_now(self, now_ms: int, start_ms: float, *, due_waiting: bool) -> int:
-        """The controller's budget, cut so that the batch is predicted to end before
-        the tightest realtime deadline, as long as the most urgent realtime request
-        still fits (if it does not, it is hopeless and expires instead) and no
-        request of a lower lane is due (aging's bound wins over the cut).
-
-        The cut holds when not every pending realtime request fits in it: those
-        ride in the next batches with their own, later deadlines. Keeping the full
-        budget then would predict the batch past every deadline in a burst (all
-        requests made at once have about the same headroom) and expire them all.
-        """
+        """The controller's budget within the latency bound, cut for the most urgent
+        realtime request (:meth:`RealtimePlanner.cut`) unless a request of a lower
+        lane is due (aging's bound wins over the cut)."""
         controller = self.controller
         # No batch is planned to run past the controller's latency threshold (the
         # flow threshold while realtime flows), even before three slow batches have
@@ -338,57 +311,8 @@ class Scheduler(Generic[T]):
         budget = min(controller.budget, cap)
         realtime = self.queues.entries(self.lanes[0])
         if realtime and not due_waiting:
-            urgent = realtime[0]  # EDF order
-            headroom = urgent.deadline_ms - start_ms - self.settings.margin_ms
-            seq = self.shapes.seq_len(urgent.bucket)
-            if controller.tokens_within(headroom) >= seq:  # it can make it, as predicted
-                fit = max(controller.tokens_within(headroom / self.overrun), seq)
-                budget = min(budget, fit)
+            budget = self.realtime.cut(budget, realtime[0], start_ms)  # EDF order: the most urgent
         return budget
-
-    def _triage(
-        self, realtime: list[Entry[T]], start_ms: float, budget: int, *, aged_ms: float
-    ) -> tuple[list[Entry[T]], int, list[Entry[T]] | None, Triage[T] | None]:
-        """The realtime requests that cannot make their deadline in any batch (to expire
-        now), the budget of the batch to run now, and the realtime requests it is to
-        hold: the first batch of the layout when it spans several (``None`` when one
-        batch holds all: as usual). See the module's promise. ``aged_ms``: when the
-        first request of a lower lane becomes overdue."""
-        if not realtime or not self.expires(self.lanes[0]) or self.settings.triage != "on":
-            return [], budget, None, None
-        s = self.settings
-        lay = functools.partial(
-            triage, realtime, self.shapes, start_ms=start_ms,
-            predict_ms=self._planned_ms, max_items=s.max_items, margin_ms=s.margin_ms,
-            alone_ms=self.controller.predict_ms,  # rejected only when hopeless as predicted
-        )  # fmt: skip
-        capped = lay(max_tokens=budget)
-        if not capped.batches or (len(capped.batches) == 1 and not capped.hopeless):
-            # All hopeless, or one capped batch holds all.
-            return capped.hopeless, budget, None, capped
-        # More realtime than one capped batch holds: batches as large as the deadlines
-        # allow (the controller's budget still bounds them) may finish more of it, or
-        # as many sooner, with room to spare for a slower batch than predicted. Bounded
-        # by token_budget_max instead, in three isolated pairs on the loaded machine, a
-        # burst of 1,000 had 0-3 of its realtime on time and 0-9 late against 0-23 and
-        # 0-1 (docs/design.md, "Realtime beyond capacity").
-        full = lay(max_tokens=max(budget, self.controller.budget))
-        # Only while it ends before a request of a lower lane becomes overdue: aging's
-        # bound counts on the batch running then being no longer than a capped one.
-        ends = start_ms + self._planned_ms(full.padded[0]) + self.settings.margin_ms
-        better = (full.on_time, -full.end_ms) > (capped.on_time, -capped.end_ms)
-        if better and ends <= aged_ms:
-            return full.hopeless, full.padded[0], full.batches[0], full
-        # The layout's first batch, not the assembly's own pick from the head: in a
-        # burst of 300 the head's earliest deadline was a 42-token text, and a batch of
-        # two padded to it ran where the layout had ten short ones (replayed at a CPU's
-        # cost: 16 of 19 realtime on time, 19 of 19 with the layout's batch).
-        return capped.hopeless, budget, capped.batches[0], capped
-
-    def _planned_ms(self, padded_tokens: int) -> float:
-        """A realtime batch's run time as planned: the latency model's prediction times
-        the overrun the last batches measured."""
-        return self.controller.predict_ms(padded_tokens) * self.overrun
 
     def _decide(self, now_ms: int, engine_free_ms: float | None = None) -> _Decision[T]:
         s = self.settings
@@ -426,7 +350,9 @@ class Scheduler(Generic[T]):
                 urgency[id(e)] = level
         budget = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
         top = self.lanes[0]
-        doomed, budget, first, layout = self._triage(heads[top], start, budget, aged_ms=aged)
+        doomed, budget, first, layout = self.realtime.triage(
+            heads[top], start, budget, aged_ms=aged
+        )
         draft = assemble(
             self.queues,
             self.shapes,

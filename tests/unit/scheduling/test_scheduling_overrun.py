@@ -17,7 +17,7 @@ from support.scheduling import SLO_MS, Item, drive, item, scheduler
 
 from pipeline.scheduling import Plan, Scheduler
 from pipeline.scheduling.controller import LatencyModel
-from pipeline.scheduling.scheduler import MAX_OVERRUN, OVERRUN_BATCHES
+from pipeline.scheduling.realtime import MAX_OVERRUN, OVERRUN_BATCHES
 
 #: Every text is one 8-token bucket: a batch of r rows costs overhead + 8 x cost x r.
 BUCKETS = "8,16,32"
