@@ -260,11 +260,11 @@ def _sent(dep: Deployment, prefix: str) -> int:
     return sum(1 for rid in list(dep.collector.sent) if rid.startswith(prefix))
 
 
-def _read(path: Path) -> list[str]:
+def _read(path: Path) -> list[str] | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
-        return []
+        return None
 
 
 def _sleep_until(deadline: float) -> None:
@@ -316,9 +316,10 @@ def _report(run: _Run) -> dict[str, Any]:
         "repeated_answers": len(repeats),
         "repeated_by_event": soak_report.repeats_by_event(repeats, run.events, config.duration_s),
         "events": run.events,
-        "held_partitions": {
-            path.name: soak_report.held_partitions(_read(path), t0)
-            for path in [run.dep.log_path, *run.joiner_logs]
+        "held_partitions": {  # None: the log could not be read
+            path.name: None if lines is None else soak_report.held_partitions(lines, t0)
+            for path in [run.dep.workers[0].log_path, *run.joiner_logs]
+            for lines in [_read(path)]
         },
         "summary": summary,
         "per_minute": soak_report.per_minute(latencies, expired, config.duration_s),
