@@ -135,3 +135,31 @@ class RealtimePlanner(Generic[T]):
         # two padded to it ran where the layout had ten short ones (replayed at a CPU's
         # cost: 16 of 19 realtime on time, 19 of 19 with the layout's batch).
         return capped.hopeless, budget, capped.batches[0], capped
+
+    def can_wait(
+        self, realtime: list[Entry[T]], layout: Triage[T], until_ms: float, budget: int,
+        *, aged_ms: float,
+    ) -> bool:  # fmt: skip
+        """Whether the batch to run now may wait until ``until_ms`` at no cost to the
+        realtime queued: a layout of it starting a hold (``wake_hold_ms``) later still
+        finishes as many in time, as planned, as ``layout``, the one from now, and
+        finds none more hopeless (the hold's time to spare for a batch slower than
+        planned; and what is rejected is rejected at once, not after the hold)."""
+        spare = until_ms + self.settings.wake_hold_ms
+        later = self.triage(realtime, spare, budget, aged_ms=aged_ms)[3]
+        return (
+            later is not None
+            and len(later.hopeless) <= len(layout.hopeless)
+            and self._in_time(later) >= self._in_time(layout)
+        )
+
+    def _in_time(self, layout: Triage[T]) -> int:
+        """The requests of ``layout`` whose batch ends, as planned, by their deadlines (a
+        layout also keeps a request that only the model's own prediction finishes)."""
+        return sum(
+            len(batch)
+            for start, padded, batch in zip(
+                layout.starts, layout.padded, layout.batches, strict=True
+            )
+            if start + self.planned_ms(padded) <= min(e.deadline_ms for e in batch)
+        )

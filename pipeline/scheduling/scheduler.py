@@ -25,9 +25,7 @@ latency model) is taken out and reported in ``Plan.expired``: it never
 reaches the model. Requests of other lanes run late. While realtime work is
 pending, the budget shrinks so that the batch is predicted to end before the
 tightest realtime deadline, as long as that request still fits; the realtime
-requests left out ride in the next batches (measured with a 400-request burst
-on the real worker: keeping the full budget expired all 40 realtime requests,
-since a full batch was predicted past every one of their deadlines).
+requests left out ride in the next batches.
 
 When more realtime work is pending than one such batch holds, the realtime
 requests are laid out into the batches that would run them (:mod:`.realtime`,
@@ -43,34 +41,27 @@ No batch is planned past the controller's latency threshold, and while
 realtime flows (a realtime request arrived within ``FLOW_MS``) past
 ``flow_threshold`` of the realtime deadline: a realtime request waits for the
 batch running when it arrives, then runs in a batch of its own, so the two
-bound its time in the worker (docs/design.md, "Realtime beside bulk": with
-realtime at 10/s beside a 1,500-request bulk backlog, batches filled up to the
-realtime deadline put realtime's p99 at 205-270 ms).
-The same bound holds for a realtime deadline after a request reaches an
-empty scheduler: a burst's realtime may arrive right behind its first
-requests (measured: 23-35 ms after it was made, when a batch of standard
-requests had already formed), and that batch, planned to the latency
-threshold, ran 87-358 ms of its 200 ms deadline.
+bound its time in the worker (docs/design.md, "Realtime beside bulk"). The
+same bound holds for a realtime deadline after a request reaches an empty
+scheduler: a burst's realtime may arrive right behind its first requests.
 
 A request judged hopeless is expired by the next decision, and while the
-engine is busy (a CPU runs one batch at a time, and a burst's batches ran up
-to 7x their prediction) by :meth:`Scheduler.sweep`, which the caller runs when
-requests arrive (at most every ``SWEEP_MIN_MS``) and at the time the last sweep
-named: it expires what the next
-plan would expire were the engine free now, so a client hears of it before
-its deadline (Triton's REJECT) rather than once the running batch ends. After
-a wake, a batch without realtime that filled up waits until ``wake_hold_ms``
-after the wake: a burst's realtime reached the worker 5-12 ms behind its first
-requests, from its own topic, and the batch formed before it ran first.
+engine is busy by :meth:`Scheduler.sweep`, which the caller runs when requests
+arrive (at most every ``SWEEP_MIN_MS``) and at the time the last sweep named:
+it expires what the next plan would expire were the engine free now, so a
+client hears of it before its deadline (Triton's REJECT) rather than once the
+running batch ends. After a wake, a batch that filled up (a burst, not a lone
+request) waits until ``wake_hold_ms`` after the wake, so that a burst's
+realtime, fetched behind its first requests, runs first and is laid out with
+all of it; with realtime in the batch, only while waiting costs none of it.
 
 A decision looks at the first ``LOOKAHEAD_BATCHES * max_items`` requests of
-each lane in deadline order, not at whole queues: with hundreds queued per
-lane, scanning all of them for every batch cost a no-op worker about a sixth
-of its time. What it passes over has a later deadline than what it looks at;
-the expiry sweep repeats until the head holds no hopeless request, so expiry
-stays exact, and aging is judged on the head (a request deep in a lane was,
-by its later deadline, made later, unless requests with shorter deadlines of
-their own came after it).
+each lane in deadline order, not at whole queues (scanning hundreds for every
+batch cost a no-op worker a sixth of its time). What it passes over has a
+later deadline than what it looks at; the expiry sweep repeats until the head
+holds no hopeless request, so expiry stays exact, and aging is judged on the
+head (a request deep in a lane was, by its later deadline, made later, unless
+requests with shorter deadlines of their own came after it).
 """
 
 from __future__ import annotations
@@ -85,6 +76,7 @@ from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
 from pipeline.scheduling.realtime import RealtimePlanner
 from pipeline.scheduling.stats import SchedulerStats
+from pipeline.scheduling.triage import Triage
 from pipeline.settings import LANES, SchedulerSettings
 
 __all__ = ["Scheduler", "Sweep"]
@@ -314,6 +306,29 @@ class Scheduler(Generic[T]):
             budget = self.realtime.cut(budget, realtime[0], start_ms)  # EDF order: the most urgent
         return budget
 
+    def _hold_until(
+        self, now_ms: int, draft: Draft[T], *, start: float, cut: int,
+        layout: Triage[T] | None, aged_ms: float,
+    ) -> float:  # fmt: skip
+        """Until when ``draft`` waits after a wake (``-inf``: no hold). Just after a wake a
+        burst's realtime may still be on its way: a batch that filled up (a burst, not a
+        lone request) waits out the hold, so that realtime arriving meanwhile runs
+        first, or is laid out with the realtime already here; with realtime in it, only
+        while that costs none of the realtime queued (:meth:`RealtimePlanner.can_wait`).
+        Deadlines and aging still dispatch it."""
+        until = self.woke_ms + self.settings.wake_hold_ms
+        if not draft.full or until <= now_ms:
+            return -math.inf
+        top = self.lanes[0]
+        if all(e.item.lane != top for e in draft.entries):
+            return until
+        realtime = self.queues.head(top)
+        if layout is not None and self.realtime.can_wait(
+            realtime, layout, max(start, until), cut, aged_ms=aged_ms
+        ):
+            return until
+        return -math.inf
+
     def _decide(self, now_ms: int, engine_free_ms: float | None = None) -> _Decision[T]:
         s = self.settings
         # The batch planned now starts once those in the engine end: its predictions
@@ -348,11 +363,9 @@ class Scheduler(Generic[T]):
                         bound = aged_ms
                 level = ON_TIME if bound - lead > now_ms else DUE if now_ms <= bound else LATE
                 urgency[id(e)] = level
-        budget = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
+        cut = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
         top = self.lanes[0]
-        doomed, budget, first, layout = self.realtime.triage(
-            heads[top], start, budget, aged_ms=aged
-        )
+        doomed, budget, first, layout = self.realtime.triage(heads[top], start, cut, aged_ms=aged)
         draft = assemble(
             self.queues,
             self.shapes,
@@ -394,13 +407,7 @@ class Scheduler(Generic[T]):
                     hopeless.append(e)
                 elif left < slack:
                     slack = left
-        # Just after a wake a burst's realtime may still be on its way: a batch without
-        # realtime that filled up (a burst, not a lone request) waits out the hold, so
-        # that realtime arriving meanwhile runs first (deadlines and aging still
-        # dispatch it).
-        hold = -math.inf
-        if draft.full and all(e.item.lane != top for e in draft.entries):
-            hold = self.woke_ms + s.wake_hold_ms
+        hold = self._hold_until(now_ms, draft, start=start, cut=cut, layout=layout, aged_ms=aged)
         window = min(e.item.arrived_ms for e in draft.entries) + s.window_ms
         candidates = [
             (min(h[0].deadline_ms for h in heads.values() if h) - lead, "deadline"),

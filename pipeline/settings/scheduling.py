@@ -38,8 +38,9 @@ class SchedulerSettings:
     margin_ms: int = _field(5, "safety margin kept between a batch's predicted end and a deadline")
     wake_hold_ms: int = _field(
         20,
-        "after a request reaches an empty scheduler, a full batch without realtime waits this "
-        "long from then, so a burst's realtime, fetched behind its first requests, runs first",
+        "after a request reaches an empty scheduler, a full batch waits this long from then "
+        "(realtime in it too; deadlines still dispatch it), so a burst's realtime, fetched "
+        "behind its first requests, runs first and is laid out with all of it",
     )
     max_wait_ms_standard: int = _field(
         1000, "a standard request waits at most this long for higher lanes (aging)"
