@@ -132,7 +132,7 @@ def triage(
 
 def _caps(entries: Sequence[Entry[T]]) -> list[int]:
     """The lengths (bucket indexes) to try as caps, short to long, the longest left out
-    (a cap there is no cap): about ``CAPS`` of them, each letting an ``1 / CAPS`` share
+    (a cap there is no cap): about ``CAPS`` of them, each letting a ``1 / CAPS`` share
     more requests in than the one before, so a decision lays out at most ``2 x CAPS``
     more layouts (with 84 requests over 25 lengths, a cap at every length took 10 ms)."""
     counts: dict[int, int] = {}
