@@ -307,22 +307,22 @@ class Scheduler(Generic[T]):
         return budget
 
     def _hold_until(
-        self, now_ms: int, draft: Draft[T], *, start: float, cut: int,
-        layout: Triage[T] | None, aged_ms: float,
+        self, now_ms: int, draft: Draft[T], realtime: list[Entry[T]], *, start: float,
+        cut: int, layout: Triage[T] | None, aged_ms: float,
     ) -> float:  # fmt: skip
-        """Until when ``draft`` waits after a wake (``-inf``: no hold). Just after a wake a
-        burst's realtime may still be on its way: a batch that filled up (a burst, not a
-        lone request) waits out the hold, so that realtime arriving meanwhile runs
-        first, or is laid out with the realtime already here; with realtime in it, only
-        while that costs none of the realtime queued (:meth:`RealtimePlanner.can_wait`).
-        Deadlines and aging still dispatch it."""
+        """Until when ``draft`` waits after a wake (``-inf``: no hold); ``realtime`` is the
+        realtime head the decision looked at. Just after a wake a burst's realtime may
+        still be on its way: a batch that filled up (a burst, not a lone request) waits
+        out the hold, so that realtime arriving meanwhile runs first, or is laid out
+        with the realtime already here; with realtime in it, only while that costs none
+        of the realtime queued (:meth:`RealtimePlanner.can_wait`). Deadlines and aging
+        still dispatch it."""
         until = self.woke_ms + self.settings.wake_hold_ms
         if not draft.full or until <= now_ms:
             return -math.inf
         top = self.lanes[0]
         if all(e.item.lane != top for e in draft.entries):
             return until
-        realtime = self.queues.head(top)
         if layout is not None and self.realtime.can_wait(
             realtime, layout, max(start, until), cut, aged_ms=aged_ms
         ):
@@ -407,7 +407,9 @@ class Scheduler(Generic[T]):
                     hopeless.append(e)
                 elif left < slack:
                     slack = left
-        hold = self._hold_until(now_ms, draft, start=start, cut=cut, layout=layout, aged_ms=aged)
+        hold = self._hold_until(
+            now_ms, draft, heads[top], start=start, cut=cut, layout=layout, aged_ms=aged
+        )
         window = min(e.item.arrived_ms for e in draft.entries) + s.window_ms
         candidates = [
             (min(h[0].deadline_ms for h in heads.values() if h) - lead, "deadline"),
