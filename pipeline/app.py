@@ -250,7 +250,9 @@ class _RuntimeHolder(Service):
             send_nowait=self.answer_producer.send_nowait,
             headers=self.answer_headers,
         )
-        self.changelog = faust_edge.ChangelogStore(self.table, self.answer_producer.produce_nowait)
+        self.changelog = faust_edge.ChangelogStore(
+            self.table, self.answer_producer.produce_nowait, wal=s.dedupe.store_wal
+        )
         stored = StoredResults(self.changelog, retention=self.retention, clock_ms=wall_ms)
         self.runtime = Runtime(
             s,

@@ -203,6 +203,11 @@ class DedupeSettings:
         "RocksDB memory of the stored results per partition, in MiB: two memtables of a "
         "quarter each and a block cache of half; a worker holds this times its partitions",
     )
+    store_wal: bool = _field(
+        False,
+        "write RocksDB's write-ahead log for stored results; off: the changelog topic is "
+        "the durable copy, and a crash replays up to two memtables more of it",
+    )
 
     def __post_init__(self) -> None:
         if self.store_memory_mib < MIN_STORE_MEMORY_MIB:
