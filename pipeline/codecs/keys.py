@@ -84,6 +84,9 @@ class InputKeys:
         self._collapse = False
         self._ascii_spaced = False  # the ASCII map turns whitespace into spaces already
         self._own: Any | None = None
+        # The last text asked for and its form: a worker asks twice per input, for
+        # its key and then its length (TokenLengths), ~2 µs of normalising a text.
+        self._last: tuple[str | None, str | None] = (None, None)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             own = type(backend).from_str(backend.to_str())  # private: no shared state
@@ -135,6 +138,14 @@ class InputKeys:
 
     def form(self, text: str) -> str | None:
         """The normal form ``text`` is keyed by, or None when it is keyed exactly."""
+        last_text, last_form = self._last  # one read: a pair another thread set whole
+        if text is last_text:
+            return last_form
+        form = self._form(text)
+        self._last = (text, form)
+        return form
+
+    def _form(self, text: str) -> str | None:
         if self._normalize is None:
             return None
         spaced = False

@@ -114,3 +114,29 @@ def test_the_worker_queues_requests_with_their_exact_length(backend: Any) -> Non
     plan = asyncio.run(main())
     assert plan is not None and len(plan.items) == 1
     assert plan.items[0].tokens == len(backend.encode(text).ids) == plan.real_tokens
+
+
+def test_an_inputs_key_then_its_length_normalise_its_text_once(backend: Any) -> None:
+    """The worker asks for a text's key and then its length: the normal form is
+    computed once for both, and keys and lengths equal those of keys that remember
+    nothing (each text asked of fresh ones), for texts seen before too."""
+    keys = InputKeys("fp", _Fast(backend))
+    lengths = TokenLengths.of(keys)
+    assert lengths is not None
+    forms = 0
+    form = keys._form
+
+    def counted(text: str) -> str | None:
+        nonlocal forms
+        forms += 1
+        return form(text)
+
+    keys._form = counted  # type: ignore[method-assign]
+    texts = _texts()[:200] + _HOSTILE
+    for text in texts + texts:  # the second round: texts seen before, not just now
+        fresh = InputKeys("fp", _Fast(backend))
+        fresh_lengths = TokenLengths.of(fresh)
+        assert fresh_lengths is not None
+        assert keys(text) == fresh(text), text
+        assert lengths(text, 100_000) == fresh_lengths(text, 100_000), text
+    assert forms == 2 * len(texts)
