@@ -195,8 +195,11 @@ class _Clients:
         from confluent_kafka.admin import AdminClient
 
         from pipeline.kafka.security import client_config
+        from pipeline.observability.logs import librdkafka_log
 
-        config = client_config(settings)
+        # librdkafka's lines through logging (not stderr): a lookup's clients outlive a
+        # broker restart until they are dropped, connection refusals and all.
+        config = {**client_config(settings), **librdkafka_log()}
         group = Consumer(
             {**config, "group.id": settings.worker.app_id, "enable.auto.commit": False}
         )

@@ -159,9 +159,11 @@ def test_the_first_lookup_on_a_broker_where_no_group_ever_existed_finds_the_log_
 
 def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
     settings_for: Callable[..., Settings],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """No start offset, no guess: ``get`` asks again and again, and gives up (None)
-    only when the partition is revoked."""
+    only when the partition is revoked. The lookup's clients say nothing on stderr:
+    librdkafka's connection refusals go through logging, as every client's do."""
     base = settings_for()
     settings = base.replace(kafka=dataclasses.replace(base.kafka, bootstrap_servers="127.0.0.1:1"))
     starts = StartOffsets(settings, timeout_s=0.5, retry_s=0.05, retry_max_s=0.1)
@@ -175,6 +177,7 @@ def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
         return held, await asyncio.wait_for(waiting, 30)
 
     assert asyncio.run(scenario()) == (True, None)
+    assert "127.0.0.1:1" not in capfd.readouterr().err
 
 
 def test_a_failed_lookup_is_retried_until_the_broker_tells() -> None:
