@@ -209,8 +209,8 @@ def _sets(
     type=click.IntRange(0),
     default=None,
     help="Bulk requests of adaptive's backlog phase, all at once into the idle worker, with "
-    "realtime requests at 10/s until they are all answered [1500; quick 100; 0: no backlog "
-    "phase].",
+    "realtime requests at 10/s until they are all answered [1500; 8000 on sim and cuda; "
+    "quick 100; 0: no backlog phase].",
 )
 @click.option(
     "--backlog-max-s",

@@ -10,7 +10,11 @@ from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.tools.bench.run import BenchConfig
-from pipeline.tools.commands.bench_run import ACCELERATOR_REQUESTS, modes_config
+from pipeline.tools.commands.bench_run import (
+    ACCELERATOR_BACKLOG,
+    ACCELERATOR_REQUESTS,
+    modes_config,
+)
 
 
 def _flags(**given: Any) -> dict[str, Any]:
@@ -42,6 +46,11 @@ def test_flags_left_out_keep_the_configs_defaults() -> None:
 def test_an_accelerator_sends_more_requests_unless_n_says() -> None:
     sim = modes_config(**_flags(device="sim"))
     assert sim.requests == ACCELERATOR_REQUESTS
+    assert sim.backlog_requests == ACCELERATOR_BACKLOG > BenchConfig().backlog_requests
+    assert modes_config(**_flags(device="sim", backlog_requests=300)).backlog_requests == 300
+    assert modes_config(**_flags(device="sim", quick=True)).backlog_requests == (
+        BenchConfig.quick().backlog_requests
+    )
     assert sim.raw_budgets == (2048, 4096, 8192, 16384)
     assert modes_config(**_flags(device="cuda", requests=100)).requests == 100
     assert modes_config(**_flags(device="cuda", quick=True)).st_sizes == (32,)
