@@ -35,6 +35,7 @@ answer is a NOT_COORDINATOR error, retried like any failed lookup.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
@@ -178,6 +179,9 @@ class StartOffsets:
             raise BrokerUnavailable(
                 f"start offsets of {len(todo)} partitions: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            if clients is not None:
+                clients.serve_logs()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,3 +208,10 @@ class _Clients:
             {**config, "group.id": settings.worker.app_id, "enable.auto.commit": False}
         )
         return cls(group=group, admin=AdminClient(config))
+
+    def serve_logs(self) -> None:
+        """Hand the log lines queued since the last lookup to logging: librdkafka queues
+        them for ``poll``, which nothing else calls on these clients."""
+        for client in (self.group, self.admin):
+            with contextlib.suppress(Exception):  # a closed client has nothing to serve
+                client.poll(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -160,10 +161,13 @@ def test_the_first_lookup_on_a_broker_where_no_group_ever_existed_finds_the_log_
 def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
     settings_for: Callable[..., Settings],
     capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """No start offset, no guess: ``get`` asks again and again, and gives up (None)
     only when the partition is revoked. The lookup's clients say nothing on stderr:
-    librdkafka's connection refusals go through logging, as every client's do."""
+    librdkafka's connection refusals go through logging, as every client's do, each
+    lookup handing on what its clients queued."""
+    caplog.set_level(logging.DEBUG, logger="librdkafka")
     base = settings_for()
     settings = base.replace(kafka=dataclasses.replace(base.kafka, bootstrap_servers="127.0.0.1:1"))
     starts = StartOffsets(settings, timeout_s=0.5, retry_s=0.05, retry_max_s=0.1)
@@ -178,6 +182,7 @@ def test_an_unreachable_broker_holds_the_partition_until_it_is_revoked(
 
     assert asyncio.run(scenario()) == (True, None)
     assert "127.0.0.1:1" not in capfd.readouterr().err
+    assert any("127.0.0.1:1" in r.getMessage() for r in caplog.records if r.name == "librdkafka")
 
 
 def test_a_failed_lookup_is_retried_until_the_broker_tells() -> None:
