@@ -6,12 +6,10 @@ Each case runs Faust's real RocksDB store (rocksdict) in a subprocess, since
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
+
+from support.subprocess_python import last_json, run_python
 
 _SETUP = """
 import asyncio, glob, json, os, sys
@@ -74,15 +72,9 @@ asyncio.run(main())
 
 
 def _run(code: str) -> Any:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in (0, 9), done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    done = run_python(code)
+    assert done.returncode in (0, 9), done.stderr  # 9: the writer killed itself
+    return last_json(done)
 
 
 def _write(datadir: Path, *, n: int, wal: bool, crash: bool) -> Any:

@@ -8,25 +8,13 @@ installs or imports ``pipeline.app`` runs in a subprocess and leaves this proces
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from support.subprocess_python import run_python
 
 from pipeline.errors import ConfigurationError
 from pipeline.kafka import faust_edge
-
-
-def _python(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_the_installed_faust_is_the_tested_one() -> None:
@@ -73,7 +61,7 @@ def test_a_store_without_the_key_index_bounded_here_is_named() -> None:
 
 
 def test_a_worker_with_a_patched_attribute_missing_stops_with_one_line() -> None:
-    done = _python(
+    done = run_python(
         """
         import faust.transport.consumer as c
         del c.Consumer._add_gap
@@ -89,7 +77,7 @@ def test_a_worker_with_a_patched_attribute_missing_stops_with_one_line() -> None
 def test_a_released_lane_offset_is_acked_to_faust() -> None:
     """The releaser hands a released input's message to Faust's own Consumer.ack, which
     then counts its offset as committable (and stops waiting for it)."""
-    done = _python(
+    done = run_python(
         """
         import asyncio, json
         import faust
@@ -118,7 +106,7 @@ def test_offsets_passed_at_a_partitions_end_let_faust_commit_past_them() -> None
     """A transaction's two markers end the partition after offset 4: Faust's gaps count
     only below an acked offset, so its commit stopped at 5; with the markers passed
     (``pass_end``) Faust's own ``_new_offset`` reaches 7, the log end."""
-    done = _python(
+    done = run_python(
         """
         import asyncio, json
         import faust
@@ -152,7 +140,7 @@ def test_a_seek_back_that_reads_a_stale_commit_does_not_stop_the_partitions_comm
     own ``perform_seek`` its committed offset falls back to 29, below the acks that
     commit removed, and ``_new_offset`` refuses every later commit (None); with the
     edge's, 32 stands and the next commit goes through."""
-    done = _python(
+    done = run_python(
         """
         import asyncio, json
         import faust
@@ -194,7 +182,7 @@ def test_each_fetch_hands_its_lane_records_over_in_one_call() -> None:
     its round robin over partitions); the lane records of one fetch reach the sink in
     one call, in each partition's offset order, tracked as unacked; the other topics'
     records are yielded to Faust's fetch loop as before."""
-    done = _python(
+    done = run_python(
         """
         import asyncio, json
         from types import SimpleNamespace
@@ -261,7 +249,7 @@ def test_the_seek_back_to_committed_offsets_rewinds_uncommitted_lane_partitions(
     offset; other topics' partitions, and one no longer assigned, are left alone.
     The aiokafka behaviour this relies on is checked on a broker in
     tests/kafka/test_seek_back.py."""
-    done = _python(
+    done = run_python(
         """
         import asyncio, json
         from aiokafka import TopicPartition as TP
@@ -365,7 +353,7 @@ def test_a_full_lanes_partition_is_paused_in_aiokafka_itself_until_resumed() -> 
 def test_the_workers_consumer_waits_in_a_fetch_as_long_as_the_setting_says() -> None:
     """The worker's consumer and the bench's bare Faust agent's (which must pay the
     same fetch path) wait PIPELINE_KAFKA_FETCH_MAX_WAIT_MS, not Faust's 1500."""
-    done = _python(
+    done = run_python(
         """
         import asyncio
         import faust
@@ -395,7 +383,7 @@ def test_the_workers_consumer_waits_in_a_fetch_as_long_as_the_setting_says() -> 
 def test_the_workers_consumer_reads_with_the_isolation_level_set() -> None:
     """read_committed unless PIPELINE_KAFKA_ISOLATION_LEVEL says otherwise; Faust's own
     choice (read_uncommitted without exactly_once) when the edge is given none."""
-    done = _python(
+    done = run_python(
         """
         import asyncio
         import faust
@@ -429,7 +417,7 @@ def test_offsets_aiokafkas_fetch_walks_past_without_a_record_are_noted() -> None
     whose position ends at 18 (a transaction aborted at 12..15, a marker at 17, as its
     PartitionRecords skips them): 12..15 and 17 are noted; a fetch of a changelog
     topic notes nothing; a result dropped for a moved position notes nothing."""
-    done = _python(
+    done = run_python(
         """
         from types import SimpleNamespace as NS
         from aiokafka.consumer.fetcher import FetchResult
@@ -541,7 +529,7 @@ def test_the_dedupe_store_keeps_nothing_per_key_in_memory(tmp_path: Path) -> Non
     Faust's own table write path for 20,000 more: the store's key index never holds
     more than KEY_INDEX_LIMIT keys (ChangelogStore's writes leave it empty), and the
     delivered offsets one per partition; every entry is in RocksDB."""
-    done = _python(
+    done = run_python(
         f"""
         import asyncio, json
         from types import SimpleNamespace
@@ -591,7 +579,7 @@ def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -
     for and its changelog record goes to that partition; a lookup finds it from any
     record (every partition held is searched); a write outside any record is refused;
     the changelog offsets the producer reports delivered become the persisted ones."""
-    done = _python(
+    done = run_python(
         f"""
         import asyncio, json
         from types import SimpleNamespace

@@ -9,14 +9,11 @@ retention check (every 5 minutes by default), too slow to wait for in a test.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.subprocess_python import last_json, run_python
 
 from pipeline.errors import ConfigurationError
 from pipeline.settings import DedupeSettings, Settings
@@ -25,15 +22,9 @@ from pipeline.worker.dedupe import store_memory
 
 def _run(code: str) -> dict[str, Any]:
     """Run ``code`` in a Python of its own (a Faust app per test); its last line, parsed."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = last_json(done)
     return result
 
 
