@@ -125,7 +125,9 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
             options = WriteOptions()
             # A property (rocksdict 0.3's stub calls it a method).
             options.disable_wal = True  # type: ignore[method-assign,assignment]
-            db.set_write_options(options)
+            set_options = getattr(db, "set_write_options", None)  # rocksdict's; not every driver's
+            if set_options is not None:
+                set_options(options)
             self._unlogged[partition] = id(db)
         return db
 
