@@ -74,6 +74,7 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     offsets among them, so what survives is a prefix of the writes and Faust's
     recovery replays the changelog from the offset that survived: at most two
     memtables of it (``PIPELINE_DEDUPE_STORE_MEMORY_MIB`` / 2) more than with the log.
+    A full disk fails a put only once a memtable must be flushed, not at once.
     """
 
     def __init__(self, table: Any, send: ChangelogSend, *, wal: bool = False) -> None:

@@ -121,3 +121,63 @@ def test_a_crash_keeps_a_prefix_so_the_persisted_offset_never_runs_ahead(
         upto = [k for k in range(int(p), n, 2) if k // 2 <= persisted]
         assert set(upto) <= set(back[p]["keys"])
     assert survived, "no memtable was flushed: the case proves nothing"
+
+
+_FULL_DISK = """
+import asyncio, json, os
+from types import SimpleNamespace
+import faust
+from pipeline.kafka import faust_edge
+from pipeline.worker.dedupe import store_memory
+
+app = faust.App("log-test", broker="kafka://127.0.0.1:1", store="rocksdb://",
+                datadir={datadir!r})
+table = app.Table("dedupe", key_type=bytes, value_type=bytes, partitions=1,
+                  options=store_memory(4))  # 1 MiB memtables
+
+def send(topic, key, value, partition, on_delivery):
+    pass
+
+async def main():
+    store = faust_edge.ChangelogStore(table, send)  # the default: no log
+    token = SimpleNamespace(partition=0)
+    faust_edge.in_partition_of(token, lambda: store.__setitem__(b"first", b"v"))
+    with open(os.path.join({datadir!r}, "ballast"), "wb") as f:  # the disk fills up
+        try:
+            f.write(bytes(4 * 1024 * 1024))
+        except OSError:
+            pass
+    for i in range(20_000):
+        try:
+            faust_edge.in_partition_of(
+                token, lambda: store.__setitem__(b"k%06d" % i, bytes(1700)))
+        except Exception as exc:
+            print(json.dumps({{"failed_at": i, "error": str(exc)}}))
+            return
+    print(json.dumps({{"failed_at": None, "error": ""}}))
+
+asyncio.run(main())
+"""
+
+
+def test_without_the_log_a_full_disk_still_fails_a_put_at_the_next_flush(tmp_path: Path) -> None:
+    """The disk fills up under an unlogged store: puts go on into the memtable until it
+    must be flushed, then one fails with the disk's error, which stops the worker as a
+    logged put's failure does (``test_faults.py``'s disk-full test keeps the log, where
+    the first put fails). With 1 MiB memtables that is within a few thousand results."""
+    import subprocess
+
+    from support import require
+
+    data = tmp_path / "disk"
+    data.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(data)]
+    done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    require(done.returncode == 0, f"mount -t tmpfs (root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        out = _run(_FULL_DISK.format(datadir=str(data)))
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+    assert out["failed_at"] is not None, "20,000 unlogged puts on a full disk all succeeded"
+    assert 0 < out["failed_at"] < 2 * 1024 * 1024 // 1700 + 100
+    assert "No space left on device" in out["error"]
