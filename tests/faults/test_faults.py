@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ from ledger import (
     in_flight,
     wait_caught_up,
 )
-from support import require
+from support.disk import fill, tiny_tmpfs
 
 from pipeline.errors import PipelineError
 from pipeline.kafka.client import RequestProducer
@@ -408,34 +406,6 @@ def test_worker_stalled_past_session_timeout_then_resumed(
 # -- (e) RocksDB on a disk that fills up ----------------------------------------
 
 
-@contextlib.contextmanager
-def _tiny_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    require(
-        done.returncode == 0,
-        f"mount -t tmpfs (root or CAP_SYS_ADMIN): {done.stderr.strip() or done.returncode}",
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _fill(path: Path, leave_bytes: int) -> Path:
-    """Fill the file system of ``path`` until only ``leave_bytes`` are free."""
-    ballast = path / "ballast"
-    free = shutil.disk_usage(path).free
-    with open(ballast, "wb") as f, contextlib.suppress(OSError):
-        f.write(b"\0" * max(0, free - leave_bytes))
-    return ballast
-
-
 def test_rocksdb_disk_full_stops_acks_then_nothing_lost(
     kafka_bootstrap: str, tmp_path: Path, tiny_dir: Path
 ) -> None:
@@ -447,12 +417,12 @@ def test_rocksdb_disk_full_stops_acks_then_nothing_lost(
         kafka_bootstrap, tmp_path, tiny_dir, partitions=1, PIPELINE_DEDUPE_STORE_WAL="true"
     )
     data_dir = Path(dep.env["PIPELINE_WORKER_DATA_DIR"])
-    with _tiny_tmpfs(data_dir):
+    with tiny_tmpfs(data_dir):
         with dep.worker(**FAST_GROUP) as worker, SteadyProducer(dep, rate=20, tag="warm") as warm:
             time.sleep(2.0)  # load phase: 2 s of requests before the disk fills
             warm.stop()
             check_ledger(dep.settings, max_duplicates=0, expect_inputs=warm.expected)
-            ballast = _fill(data_dir, leave_bytes=0)
+            ballast = fill(data_dir, leave_bytes=0)
             with SteadyProducer(dep, rate=20, tag="full") as full:
                 time.sleep(6.0)  # load phase: 6 s of requests on the full disk
             # The worker stops itself once it cannot store a dedupe entry: once it

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from support.disk import tiny_tmpfs
 from support.subprocess_python import last_json, run_python
 
 _SETUP = """
@@ -124,17 +125,6 @@ def test_a_crash_keeps_a_prefix_so_the_persisted_offset_never_runs_ahead(
 
 
 _FULL_DISK = """
-import asyncio, json, os
-from types import SimpleNamespace
-import faust
-from pipeline.kafka import faust_edge
-from pipeline.worker.dedupe import store_memory
-
-app = faust.App("log-test", broker="kafka://127.0.0.1:1", store="rocksdb://",
-                datadir={datadir!r})
-table = app.Table("dedupe", key_type=bytes, value_type=bytes, partitions=1,
-                  options=store_memory(4))  # 1 MiB memtables
-
 def send(topic, key, value, partition, on_delivery):
     pass
 
@@ -149,8 +139,7 @@ async def main():
             pass
     for i in range(20_000):
         try:
-            faust_edge.in_partition_of(
-                token, lambda: store.__setitem__(b"k%06d" % i, bytes(1700)))
+            faust_edge.in_partition_of(token, lambda: store.__setitem__(b"k%06d" % i, VALUE))
         except Exception as exc:
             print(json.dumps({{"failed_at": i, "error": str(exc)}}))
             return
@@ -165,19 +154,9 @@ def test_without_the_log_a_full_disk_still_fails_a_put_at_the_next_flush(tmp_pat
     must be flushed, then one fails with the disk's error, which stops the worker as a
     logged put's failure does (``test_faults.py``'s disk-full test keeps the log, where
     the first put fails). With 1 MiB memtables that is within a few thousand results."""
-    import subprocess
-
-    from support import require
-
-    data = tmp_path / "disk"
-    data.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(data)]
-    done = subprocess.run(mount, capture_output=True, text=True, check=False)
-    require(done.returncode == 0, f"mount -t tmpfs (root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        out = _run(_FULL_DISK.format(datadir=str(data)))
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
+    with tiny_tmpfs(tmp_path / "disk", size="2m") as data:
+        setup = _SETUP.format(datadir=str(data))
+        out = _run(setup + _FULL_DISK.format(datadir=str(data)))
     assert out["failed_at"] is not None, "20,000 unlogged puts on a full disk all succeeded"
     assert 0 < out["failed_at"] < 2 * 1024 * 1024 // 1700 + 100
     assert "No space left on device" in out["error"]
