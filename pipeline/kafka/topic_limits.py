@@ -28,28 +28,29 @@ def message_size_warnings(settings: Settings, *, timeout_s: float = 10.0) -> lis
     raises when the broker cannot tell."""
     from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
-    from pipeline.kafka.topics import admin_client
+    from pipeline.kafka.topics import admin_session
 
     topics = [
         settings.topics.results_topic,
         settings.topics.dlq_topic,
         changelog_topic(settings.worker.app_id),
     ]
-    admin = admin_client(settings)
-    present = set(admin.list_topics(timeout=timeout_s).topics)
-    resources = [ConfigResource("topic", t) for t in topics if t in present]
+    with admin_session(settings) as admin:
+        present = set(admin.list_topics(timeout=timeout_s).topics)
+        resources = [ConfigResource("topic", t) for t in topics if t in present]
+        if not resources:
+            return []
+        described = admin.describe_configs(resources, request_timeout=timeout_s)
+        found = {res.name: fut.result().get("max.message.bytes") for res, fut in described.items()}
     lines: list[str] = []
-    if not resources:
-        return lines
-    for res, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        entry = fut.result().get("max.message.bytes")
+    for name, entry in found.items():
         if entry is None or int(entry.value) >= MAX_MESSAGE_BYTES:
             continue
         lines.append(
-            f"topic {res.name}: max.message.bytes={entry.value} is below the "
+            f"topic {name}: max.message.bytes={entry.value} is below the "
             f"{MAX_MESSAGE_BYTES} bytes the worker may send (larger answers are refused); "
             f"set it to at least {MAX_MESSAGE_BYTES}: kafka-configs --alter --entity-type "
-            f"topics --entity-name {res.name} --add-config max.message.bytes={MAX_MESSAGE_BYTES}"
+            f"topics --entity-name {name} --add-config max.message.bytes={MAX_MESSAGE_BYTES}"
         )
     return lines
 

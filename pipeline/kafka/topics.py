@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -17,13 +19,34 @@ from pipeline.worker.dedupe import Retention, changelog_topic
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TopicState", "admin_client", "create_topics", "describe_topics", "topic_specs"]
+__all__ = [
+    "TopicState",
+    "admin_client",
+    "admin_session",
+    "create_topics",
+    "describe_topics",
+    "topic_specs",
+]
 
 
 def admin_client(settings: Settings, watch: AuthWatch | None = None) -> AdminClient:
     """An admin client that connects as every other client does (``pipeline.kafka.security``),
     its library's log lines routed through Python logging."""
     return AdminClient({**client_config(settings, watch), **librdkafka_log()})
+
+
+@contextlib.contextmanager
+def admin_session(settings: Settings, watch: AuthWatch | None = None) -> Iterator[AdminClient]:
+    """:func:`admin_client` for one block; when the block ends (raising or not), the log
+    lines librdkafka queued for the client reach logging. librdkafka queues them for
+    ``poll``, which no admin call makes: unserved, a refused connection's lines died
+    with the client, unlogged."""
+    admin = admin_client(settings, watch)
+    try:
+        yield admin
+    finally:
+        with contextlib.suppress(Exception):  # the lines only; never the block's error
+            admin.poll(0)
 
 
 def topic_specs(
@@ -60,31 +83,31 @@ def create_topics(
     """
     require_bootstrap(settings)
     watch = AuthWatch(settings)
-    admin = admin_client(settings, watch)
-    connect(admin, watch, min(timeout_s, connect_timeout_s))
-    specs = topic_specs(settings.topics, partitions=partitions, replication=replication)
-    status: dict[str, str] = {}
-    for name, fut in admin.create_topics(specs, request_timeout=timeout_s).items():
-        try:
-            fut.result()
-            status[name] = "created"
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                status[name] = "exists"
-            else:
-                raise ConfigurationError(f"could not create {name}: {err}") from exc
-    meta = admin.list_topics(timeout=timeout_s).topics
-    lanes = [settings.topics.lane_topic(lane) for lane in LANES]
-    counts = {len(meta[t].partitions) for t in lanes if t in meta}
-    if len(counts) > 1:
-        raise ConfigurationError(
-            f"lane topics have different partition counts {sorted(counts)}; they must match "
-            "(add partitions with kafka-topics --alter until they do)"
-        )
-    parts = max(counts) if counts else (partitions or settings.topics.partitions)
-    name = changelog_topic(settings.worker.app_id)
-    status[name] = dedupe_changelog(admin, settings, parts, replication, timeout_s)
+    with admin_session(settings, watch) as admin:
+        connect(admin, watch, min(timeout_s, connect_timeout_s))
+        specs = topic_specs(settings.topics, partitions=partitions, replication=replication)
+        status: dict[str, str] = {}
+        for name, fut in admin.create_topics(specs, request_timeout=timeout_s).items():
+            try:
+                fut.result()
+                status[name] = "created"
+            except KafkaException as exc:
+                err = exc.args[0]
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    status[name] = "exists"
+                else:
+                    raise ConfigurationError(f"could not create {name}: {err}") from exc
+        meta = admin.list_topics(timeout=timeout_s).topics
+        lanes = [settings.topics.lane_topic(lane) for lane in LANES]
+        counts = {len(meta[t].partitions) for t in lanes if t in meta}
+        if len(counts) > 1:
+            raise ConfigurationError(
+                f"lane topics have different partition counts {sorted(counts)}; they must match "
+                "(add partitions with kafka-topics --alter until they do)"
+            )
+        parts = max(counts) if counts else (partitions or settings.topics.partitions)
+        name = changelog_topic(settings.worker.app_id)
+        status[name] = dedupe_changelog(admin, settings, parts, replication, timeout_s)
     return status
 
 
@@ -111,16 +134,16 @@ def describe_topics(
 
     require_bootstrap(settings)
     watch = AuthWatch(settings)
-    admin = admin_client(settings, watch)
-    meta = connect(admin, watch, min(timeout_s, connect_timeout_s)).topics
-    roles = [f"lane {lane}" for lane in LANES] + ["results", "dead letters"]
-    present = [t for t in settings.topics.all_topics() if t in meta]
-    retention: dict[str, str] = {}
-    if present:
-        resources = [ConfigResource("topic", t) for t in present]
-        for res, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
-            entry = fut.result().get("retention.ms")
-            retention[res.name] = "" if entry is None else str(entry.value)
+    with admin_session(settings, watch) as admin:
+        meta = connect(admin, watch, min(timeout_s, connect_timeout_s)).topics
+        roles = [f"lane {lane}" for lane in LANES] + ["results", "dead letters"]
+        present = [t for t in settings.topics.all_topics() if t in meta]
+        retention: dict[str, str] = {}
+        if present:
+            resources = [ConfigResource("topic", t) for t in present]
+            for res, fut in admin.describe_configs(resources, request_timeout=timeout_s).items():
+                entry = fut.result().get("retention.ms")
+                retention[res.name] = "" if entry is None else str(entry.value)
     states = []
     for name, role in zip(settings.topics.all_topics(), roles, strict=True):
         if name not in meta:

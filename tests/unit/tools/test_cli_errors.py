@@ -257,3 +257,31 @@ def test_a_misspelt_setting_stops_a_worker_in_one_line() -> None:
         "pipeline: unknown setting(s) PIPELINE_TOPIC_PREFIX (did you mean "
         "PIPELINE_TOPICS_PREFIX?); run `pipeline settings` for the list"
     ]
+
+
+@pytest.mark.parametrize("call", ["create", "describe", "limits"])
+def test_the_admin_clients_hand_their_log_lines_to_logging(
+    call: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """librdkafka queues an admin client's log lines for ``poll``, which no admin call
+    makes: each call that made the client polls it once when done, so a refused
+    connection reaches the ``librdkafka`` logger instead of dying with the client."""
+    import logging
+
+    from pipeline.errors import BrokerUnavailable
+    from pipeline.kafka.topic_limits import message_size_warnings
+    from pipeline.kafka.topics import create_topics, describe_topics
+
+    (port,) = free_ports(1)
+    dead = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"})
+    calls = {
+        "create": lambda: create_topics(dead, timeout_s=1.0, connect_timeout_s=1.0),
+        "describe": lambda: describe_topics(dead, timeout_s=1.0, connect_timeout_s=1.0),
+        "limits": lambda: message_size_warnings(dead, timeout_s=1.0),
+    }
+    with caplog.at_level(logging.DEBUG, logger="librdkafka"), pytest.raises(Exception) as raised:
+        calls[call]()
+    if call != "limits":
+        assert raised.type is BrokerUnavailable
+    assert any("Connection refused" in r.getMessage() for r in caplog.records)
+    assert "|FAIL|" not in capfd.readouterr().err
