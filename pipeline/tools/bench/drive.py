@@ -23,6 +23,7 @@ from pipeline.codecs.avro import dead_letter_codec, result_codec
 from pipeline.errors import DecodeError
 from pipeline.kafka.client import RequestProducer, request_bytes
 from pipeline.kafka.security import client_config
+from pipeline.observability.logs import librdkafka_log
 from pipeline.settings import LANES, Settings
 from pipeline.tools.bench.stats import Answered
 from pipeline.tools.bench.workload import BenchRequest
@@ -49,6 +50,7 @@ class Collector:
         self._consumer = Consumer(
             {
                 **client_config(settings),
+                **librdkafka_log(),  # a broker restart (the soak's) refuses connections
                 "group.id": f"pipeline-bench-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 10,
@@ -152,6 +154,7 @@ class FloorCounter:
         self._consumer = Consumer(
             {
                 **client_config(settings),
+                **librdkafka_log(),  # a broker restart (the soak's) refuses connections
                 "group.id": f"pipeline-bench-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 10,

@@ -8,6 +8,7 @@ starts it when the load starts, and :mod:`.soak_report` reads its rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.kafka.security import client_config
+from pipeline.observability.logs import librdkafka_log
 from pipeline.settings import LANES, Settings
 from pipeline.tools.bench.stats import ProcProbe
 from pipeline.tools.supervise import WorkerProcess
@@ -54,7 +56,7 @@ class Lag:
 
     def __init__(self, settings: Settings) -> None:
         self._consumer = Consumer(
-            {**client_config(settings), "group.id": settings.worker.app_id,
+            {**client_config(settings), **librdkafka_log(), "group.id": settings.worker.app_id,
              "enable.auto.commit": False}
         )  # fmt: skip
         topics = settings.topics
@@ -74,6 +76,10 @@ class Lag:
             return lag
         except Exception:  # the broker restarting: no reading this time
             return None
+        finally:
+            # librdkafka queues its log lines for poll(), which nothing else calls here.
+            with contextlib.suppress(Exception):
+                self._consumer.poll(0)
 
     def close(self) -> None:
         self._consumer.close()

@@ -248,3 +248,27 @@ def test_help_names_the_soak() -> None:
     bad = CliRunner().invoke(main, ["bench", "--soak", "5"])
     assert bad.exit_code != 0
     assert "30" in bad.output
+
+
+def test_the_lag_probe_logs_a_dead_broker_through_logging(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """During the soak's broker restart the lag probe reads nothing, and librdkafka's
+    refused connections reach the ``librdkafka`` logger, not stderr raw."""
+    import logging
+
+    from conftest import free_ports
+
+    from pipeline.settings import Settings
+    from pipeline.tools.bench.soak_probes import Lag
+
+    (port,) = free_ports(1)
+    dead = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"})
+    with caplog.at_level(logging.DEBUG, logger="librdkafka"):
+        lag = Lag(dead)
+        try:
+            assert lag.read() is None
+        finally:
+            lag.close()
+    assert any("Connection refused" in r.getMessage() for r in caplog.records)
+    assert "|FAIL|" not in capfd.readouterr().err
