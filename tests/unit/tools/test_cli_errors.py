@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +275,7 @@ def test_the_admin_clients_hand_their_log_lines_to_logging(
 
     (port,) = free_ports(1)
     dead = Settings.from_env({"PIPELINE_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"})
-    calls = {
+    calls: dict[str, Callable[[], object]] = {
         "create": lambda: create_topics(dead, timeout_s=1.0, connect_timeout_s=1.0),
         "describe": lambda: describe_topics(dead, timeout_s=1.0, connect_timeout_s=1.0),
         "limits": lambda: message_size_warnings(dead, timeout_s=1.0),
