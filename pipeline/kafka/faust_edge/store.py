@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import shutil
+import time
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
@@ -21,6 +23,12 @@ log = logging.getLogger(__name__)
 
 #: Most keys Faust's RocksDB store may remember the partition of (its ``_key_index``).
 KEY_INDEX_LIMIT = 1000
+
+#: Longest a dedupe put waits out a RocksDB write stall before it fails (seconds). A
+#: healthy disk flushes a memtable in milliseconds; a full one never does, and RocksDB,
+#: recovering from the full disk, would hold a stalled put (and the event loop) until
+#: space came back.
+STALL_LIMIT_S = 10.0
 
 #: The partition a :class:`ChangelogStore` write is for (:func:`in_partition_of`).
 _PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -75,9 +83,22 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     recovery replays the changelog from the offset that survived: at most two
     memtables of it (``PIPELINE_DEDUPE_STORE_MEMORY_MIB`` / 2) more than with the log.
     A full disk fails a put only once a memtable must be flushed, not at once.
+
+    A put never blocks in RocksDB: it is made with ``no_slowdown`` and, while RocksDB
+    stalls writes (its memtables full, waiting on a flush), retried with short sleeps
+    for at most ``stall_limit_s``, then fails with the disk's free space in the message.
+    Left to RocksDB, a put that met the stall as the disk filled waited for the disk to
+    be freed, holding the worker's event loop all that time.
     """
 
-    def __init__(self, table: Any, send: ChangelogSend, *, wal: bool = False) -> None:
+    def __init__(
+        self,
+        table: Any,
+        send: ChangelogSend,
+        *,
+        wal: bool = False,
+        stall_limit_s: float = STALL_LIMIT_S,
+    ) -> None:
         self._data: Any = table.data
         self._data._key_index = LRUCache(limit=KEY_INDEX_LIMIT)
         self._topic: str = table.changelog_topic.get_topic_name()
@@ -87,6 +108,11 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         # id() of each partition's database whose writes skip the log: a reference
         # would keep a revoked partition's database (and its directory lock) open.
         self._unlogged: dict[int, int] = {}
+        self._stall_limit_s = stall_limit_s
+        self._put_options = WriteOptions()
+        # Properties (rocksdict 0.3's stub calls disable_wal a method).
+        self._put_options.disable_wal = not wal  # type: ignore[method-assign,assignment]
+        self._put_options.no_slowdown = True
         self.failures = 0
 
     def __getitem__(self, key: bytes) -> bytes:
@@ -110,14 +136,38 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         partition = _PARTITION.get()
         if partition is None:
             raise RuntimeError("a dedupe entry is written for a record (in_partition_of)")
-        db = self._db(partition)
-        db.put(key, value)
+        self._put(self._db(partition), key, value)
         try:
             self._send(self._topic, key, value, partition, self._done)
         except BufferError:
             self._failed(partition, "the producer's queue is full")
         except Exception as exc:  # refused outright: the entry stays local
             self._failed(partition, repr(exc))
+
+    def _put(self, db: Any, key: bytes, value: bytes) -> None:
+        """``db.put``, waiting out a write stall for at most ``stall_limit_s``."""
+        if not hasattr(db, "set_write_options"):  # not rocksdict: its own put
+            db.put(key, value)
+            return
+        deadline, pause = 0.0, 0.001
+        while True:
+            try:
+                db.put(key, value, self._put_options)
+                return
+            except Exception as exc:  # rocksdict raises a bare Exception
+                if "Write stall" not in str(exc):
+                    raise
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + self._stall_limit_s
+            elif now >= deadline:
+                raise OSError(
+                    f"RocksDB stalled the dedupe store's writes for {self._stall_limit_s:g} s "
+                    f"(a memtable it cannot flush: is the disk full? "
+                    f"{_free_bytes(db.path())} bytes free under {db.path()})"
+                )
+            time.sleep(pause)  # a stall is a flush's length on a healthy disk: ms
+            pause = min(pause * 2, 0.05)
 
     def _db(self, partition: int) -> Any:
         """The partition's database, its writes set to skip the log unless ``wal``."""
@@ -169,3 +219,11 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+def _free_bytes(path: str) -> int | str:
+    """Free bytes on the file system of ``path``; ``"?"`` where it cannot be read."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return "?"

@@ -129,7 +129,7 @@ def send(topic, key, value, partition, on_delivery):
     pass
 
 async def main():
-    store = faust_edge.ChangelogStore(table, send)  # the default: no log
+    store = faust_edge.ChangelogStore(table, send, stall_limit_s=2.0)  # the default: no log
     token = SimpleNamespace(partition=0)
     faust_edge.in_partition_of(token, lambda: store.__setitem__(b"first", b"v"))
     with open(os.path.join({datadir!r}, "ballast"), "wb") as f:  # the disk fills up
@@ -153,10 +153,59 @@ def test_without_the_log_a_full_disk_still_fails_a_put_at_the_next_flush(tmp_pat
     """The disk fills up under an unlogged store: puts go on into the memtable until it
     must be flushed, then one fails with the disk's error, which stops the worker as a
     logged put's failure does (``test_faults.py``'s disk-full test keeps the log, where
-    the first put fails). With 1 MiB memtables that is within a few thousand results."""
+    the first put fails). With 1 MiB memtables that is within a few thousand results.
+    Whether it fails with the flush's error or after waiting out the write stall that
+    RocksDB holds while it recovers from the full disk (it waited for free space, the
+    put with it, before ``stall_limit_s``) depends on which comes first: both happen."""
     with tiny_tmpfs(tmp_path / "disk", size="2m") as data:
         setup = _SETUP.format(datadir=str(data))
         out = _run(setup + _FULL_DISK.format(datadir=str(data)))
     assert out["failed_at"] is not None, "20,000 unlogged puts on a full disk all succeeded"
     assert 0 < out["failed_at"] < 2 * 1024 * 1024 // 1700 + 100
-    assert "No space left on device" in out["error"]
+    stalled = "stalled the dedupe store's writes for 2 s" in out["error"]
+    assert "No space left on device" in out["error"] or stalled, out["error"]
+
+
+_STALLED = """
+import time
+
+def send(topic, key, value, partition, on_delivery):
+    pass
+
+async def main():
+    store = faust_edge.ChangelogStore(table, send, stall_limit_s=0.5)
+    token = SimpleNamespace(partition=0)
+    faust_edge.in_partition_of(token, lambda: store.__setitem__(b"first", b"v"))
+    # Writes stop once two flushed memtables wait in level 0, which is never compacted
+    # here: a stall that lasts (as RocksDB's recovery from a full disk does).
+    table.data._db_for_partition(0).set_options({{
+        "level0_file_num_compaction_trigger": "100",
+        "level0_slowdown_writes_trigger": "2",
+        "level0_stop_writes_trigger": "2",
+    }})
+    for i in range(20_000):
+        started = time.monotonic()
+        try:
+            faust_edge.in_partition_of(token, lambda: store.__setitem__(b"k%06d" % i, VALUE))
+        except Exception as exc:
+            print(json.dumps({{"failed_at": i, "error": str(exc),
+                               "waited_s": time.monotonic() - started}}))
+            return
+    print(json.dumps({{"failed_at": None, "error": "", "waited_s": 0}}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_put_in_a_write_stall_fails_after_the_stall_limit_instead_of_waiting_on(
+    tmp_path: Path,
+) -> None:
+    """RocksDB stops writes for good (level 0 full, never compacted): a put waits the
+    stall out for ``stall_limit_s``, then fails saying so and how much disk is free,
+    where RocksDB's own put would hold the worker's event loop until writes resumed."""
+    setup = _SETUP.format(datadir=str(tmp_path))
+    out = _run(setup + _STALLED.format())
+    assert out["failed_at"] is not None, "20,000 puts went through a stopped store"
+    assert "stalled the dedupe store's writes for 0.5 s" in out["error"], out["error"]
+    assert "bytes free under" in out["error"]
+    assert out["waited_s"] >= 0.5
