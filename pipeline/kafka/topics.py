@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from pipeline.errors import ConfigurationError
 from pipeline.kafka.client import require_bootstrap
 from pipeline.kafka.security import AuthWatch, client_config, connect
-from pipeline.observability.logs import librdkafka_log
+from pipeline.observability.logs import librdkafka_log, serve_logs
 from pipeline.settings import LANES, Settings, TopicSettings
 from pipeline.worker.dedupe import Retention, changelog_topic
 
@@ -45,8 +45,7 @@ def admin_session(settings: Settings, watch: AuthWatch | None = None) -> Iterato
     try:
         yield admin
     finally:
-        with contextlib.suppress(Exception):  # the lines only; never the block's error
-            admin.poll(0)
+        serve_logs(admin)
 
 
 def topic_specs(

@@ -19,6 +19,7 @@ says how many were held back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -215,3 +216,13 @@ class LibrdkafkaLog:
 def librdkafka_log() -> dict[str, Any]:
     """The client options that route librdkafka's log lines through :class:`LibrdkafkaLog`."""
     return {"logger": LibrdkafkaLog()}
+
+
+def serve_logs(*clients: Any) -> None:
+    """Hand the log lines librdkafka queued for ``clients`` to logging. librdkafka queues
+    them for ``poll``, which admin clients and consumers used only for lookups never
+    call. Never raises: a closed client has nothing to serve, and a caller's own error
+    must not be masked by this one's."""
+    for client in clients:
+        with contextlib.suppress(Exception):
+            client.poll(0)

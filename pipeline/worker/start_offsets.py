@@ -35,7 +35,6 @@ answer is a NOT_COORDINATOR error, retried like any failed lookup.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
@@ -210,8 +209,7 @@ class _Clients:
         return cls(group=group, admin=AdminClient(config))
 
     def serve_logs(self) -> None:
-        """Hand the log lines queued since the last lookup to logging: librdkafka queues
-        them for ``poll``, which nothing else calls on these clients."""
-        for client in (self.group, self.admin):
-            with contextlib.suppress(Exception):  # a closed client has nothing to serve
-                client.poll(0)
+        """Hand the log lines queued since the last lookup to logging."""
+        from pipeline.observability.logs import serve_logs
+
+        serve_logs(self.group, self.admin)

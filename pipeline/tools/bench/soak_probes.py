@@ -8,7 +8,6 @@ starts it when the load starts, and :mod:`.soak_report` reads its rows.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.kafka.security import client_config
-from pipeline.observability.logs import librdkafka_log
+from pipeline.observability.logs import librdkafka_log, serve_logs
 from pipeline.settings import LANES, Settings
 from pipeline.tools.bench.stats import ProcProbe
 from pipeline.tools.supervise import WorkerProcess
@@ -77,9 +76,7 @@ class Lag:
         except Exception:  # the broker restarting: no reading this time
             return None
         finally:
-            # librdkafka queues its log lines for poll(), which nothing else calls here.
-            with contextlib.suppress(Exception):
-                self._consumer.poll(0)
+            serve_logs(self._consumer)
 
     def close(self) -> None:
         self._consumer.close()
