@@ -82,7 +82,10 @@ class Deployment:
             code = proc.stop()
         # A worker that needed SIGKILL, or crashed, fails the test that used it.
         if was_running and code != 0:
-            raise AssertionError(f"worker did not stop cleanly on SIGTERM (exit {code})")
+            raise AssertionError(
+                f"worker did not stop cleanly on SIGTERM (exit {code}); its log's end:\n"
+                + proc.log()[-4000:]
+            )
 
     def spawn(self, name: str = "worker-0", **extra: str) -> WorkerProcess:
         """Start a worker with its own ports (and data folder, unless it is

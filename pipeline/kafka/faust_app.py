@@ -10,7 +10,9 @@ line; :func:`use_event_loop` picks the loop Faust creates.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +28,27 @@ log = logging.getLogger(__name__)
 
 def worker_class(settings: Settings) -> type[faust.Worker]:
     """The ``faust worker`` command's Worker: the pipeline's log format from the first
-    log line (Faust's own start-up lines included). With ``PIPELINE_LOG_FORMAT=json``
+    log line (Faust's own start-up lines included), Python's fault handler on (a
+    native crash logs every thread's stack), and SIGUSR2 logged instead of starting
+    mode's debugger. With ``PIPELINE_LOG_FORMAT=json``
     the facts of Faust's start-up banner are one JSON line too; the banner itself is
     printed to stdout by the command, which ``faust --quiet`` leaves out."""
 
     class Worker(faust.Worker):  # the name shows in its log lines: "[^Worker]: Ready"
+        def _on_sigusr2(self) -> None:
+            # mode's handler calls pdb.set_trace() on the event loop: under a terminal
+            # the worker freezes at a prompt (heartbeats, answers and all), without one
+            # it quits pdb with an error. A signal sent by mistake must not do either.
+            log.warning(
+                "SIGUSR2 ignored: it would start a debugger on the event loop; "
+                "send SIGUSR1 for the stacks of the worker's tasks"
+            )
+
         def on_setup_root_logger(self, logger: Any, level: int) -> None:
             super().on_setup_root_logger(logger, level)
+            # A crash in native code (RocksDB, librdkafka, torch) leaves every thread's
+            # Python stack on stderr, not just an exit status of -11.
+            faulthandler.enable(file=sys.stderr, all_threads=True)
             configure_logging(
                 settings.log,
                 allow_payloads=settings.worker.log_payloads,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,43 @@ def test_json_logs_are_json_from_the_first_line(kafka_bootstrap: str, tmp_path: 
     assert banner and others
     assert not_json == [], not_json[:5]
     assert any("worker starting" in json.loads(line)["msg"] for line in others)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sigusr2_leaves_the_worker_serving_without_a_debugger(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """mode's Worker starts pdb on the event loop for SIGUSR2; the pipeline's logs one
+    line instead, and the worker goes on answering."""
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=1, PIPELINE_MODEL_TASK="noop")
+    with dep.worker() as worker, RequestProducer(dep.settings) as producer:
+        worker.proc.send_signal(signal.SIGUSR2)
+        producer.send("asked after the signal", lane="standard", request_id="after")
+        producer.flush()
+        assert [a.kind for a in dep.answers(expect=1)] == ["result"]
+        assert worker.proc.poll() is None
+    log = worker.log()
+    assert "SIGUSR2 ignored" in log, log[-3000:]
+    assert "Starting debugger" not in log, log[-3000:]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_native_crash_leaves_the_python_stacks_in_the_worker_log(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A worker that dies of SIGSEGV (a fault in RocksDB, librdkafka or torch) logs
+    Python's fault handler's report, every thread's stack, before it goes."""
+    dep = Deployment.create(kafka_bootstrap, tmp_path, partitions=1, PIPELINE_MODEL_TASK="noop")
+    worker = dep.spawn()
+    try:
+        worker.wait_ready()
+        worker.proc.send_signal(signal.SIGSEGV)
+        code = worker.proc.wait(60)
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert code == -signal.SIGSEGV, log[-3000:]
+    assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
+    assert "Thread 0x" in log and "most recent call first" in log, log[-3000:]
