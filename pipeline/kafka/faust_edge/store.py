@@ -89,6 +89,10 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     for at most ``stall_limit_s``, then fails with the disk's free space in the message.
     Left to RocksDB, a put that met the stall as the disk filled waited for the disk to
     be freed, holding the worker's event loop all that time.
+
+    Once Faust has stopped the store (its databases dropped, at the worker's stop,
+    before the runtime's last answers), writes go to the changelog only: Faust would
+    open a partition's database again for them and never close it.
     """
 
     def __init__(
@@ -114,6 +118,14 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         self._put_options.disable_wal = not wal  # type: ignore[method-assign,assignment]
         self._put_options.no_slowdown = True
         self.failures = 0
+        self.stopped = False
+        faust_stop = self._data.stop
+
+        async def stop() -> None:
+            self.stopped = True
+            await faust_stop()
+
+        self._data.stop = stop
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self.get(key)
@@ -136,7 +148,8 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         partition = _PARTITION.get()
         if partition is None:
             raise RuntimeError("a dedupe entry is written for a record (in_partition_of)")
-        self._put(self._db(partition), key, value)
+        if not self.stopped:  # else the changelog's copy is all: see the class's docs
+            self._put(self._db(partition), key, value)
         try:
             self._send(self._topic, key, value, partition, self._done)
         except BufferError:
@@ -206,6 +219,8 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
 
     def flush_offsets(self) -> None:
         """Record the changelog offsets delivered so far as the store's persisted ones."""
+        if self.stopped:
+            return
         delivered, self._delivered = self._delivered, {}
         for partition, offset in delivered.items():
             self._db(partition)  # unlogged like the entries: a crash keeps a prefix

@@ -209,3 +209,35 @@ def test_a_put_in_a_write_stall_fails_after_the_stall_limit_instead_of_waiting_o
     assert "stalled the dedupe store's writes for 0.5 s" in out["error"], out["error"]
     assert "bytes free under" in out["error"]
     assert out["waited_s"] >= 0.5
+
+
+_AFTER_STOP = """
+sent = []
+
+def send(topic, key, value, partition, on_delivery):
+    sent.append(key)
+
+async def main():
+    store = faust_edge.ChangelogStore(table, send)
+    token = SimpleNamespace(partition=0)
+    faust_edge.in_partition_of(token, lambda: store.__setitem__(b"before", b"v"))
+    await table.data.stop()  # as the table's stop does (the store is its child service)
+    faust_edge.in_partition_of(token, lambda: store.__setitem__(b"after", b"v"))
+    store.flush_offsets()
+    print(json.dumps({{"reopened": sorted(table.data._dbs), "sent": [k.decode() for k in sent],
+                       "after": repr(store.get(b"after")), "stopped": store.stopped}}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_write_after_the_stores_stop_goes_to_the_changelog_without_reopening_it(
+    tmp_path: Path,
+) -> None:
+    """A result stored after Faust stopped the table (the worker's last answers come
+    after it) is sent to the changelog only: Faust would open the partition's
+    database again for it, and nothing would close it."""
+    out = _run(_SETUP.format(datadir=str(tmp_path)) + _AFTER_STOP.format())
+    assert out["reopened"] == []
+    assert out["sent"] == ["before", "after"]
+    assert out["after"] == "None"
