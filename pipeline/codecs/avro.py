@@ -36,6 +36,7 @@ import fastavro.schema
 from fastavro._read_common import SchemaResolutionError
 
 from pipeline.codecs.json_records import json_record
+from pipeline.codecs.reader import compile_reader
 from pipeline.codecs.registry import FRAME_LEN, split_frame
 from pipeline.codecs.writer import compile_writer
 from pipeline.errors import DecodeError, SchemaMismatch
@@ -107,6 +108,12 @@ class Codec:
         # fastavro in about a third of the time; None (fastavro) for shapes it lacks.
         self._writer = compile_writer(current.parsed)
         self._header = MARKER + current.fingerprint
+        # Its own reader (pipeline.codecs.reader), for records of the current schema
+        # whose float arrays are wanted as bytes (:meth:`decode`'s ``floats_as_bytes``).
+        self._reader = compile_reader(current.parsed)
+        self._float_arrays = [
+            f["name"] for f in current.parsed["fields"] if _is_float_array(f["type"])
+        ]
 
     @classmethod
     def load(cls, name: str, schema_dir: Path = SCHEMA_DIR) -> Codec:
@@ -135,8 +142,13 @@ class Codec:
         fastavro.schemaless_writer(buf, schema.parsed, _floats_as_lists(record))
         return buf.getvalue()
 
-    def decode(self, data: bytes | bytearray | memoryview | None) -> dict[str, Any]:
+    def decode(
+        self, data: bytes | bytearray | memoryview | None, *, floats_as_bytes: bool = False
+    ) -> dict[str, Any]:
         """Decode a single-object-encoded record into the current schema's shape.
+        ``floats_as_bytes``: each array of floats (a result's embedding) comes as its
+        float32 little-endian bytes, not a list (:meth:`encode` takes either): a
+        stored result is served without its embedding becoming Python floats.
 
         Raises DecodeError for anything else: no value, wrong marker, unknown
         fingerprint, a truncated or corrupt body, bytes left over.
@@ -156,6 +168,8 @@ class Codec:
                 f"unknown writer schema fingerprint {fp.hex()} for {self.current.name}; "
                 "is the producer on a newer schema than this worker?"
             )
+        if floats_as_bytes:
+            return self._decode_floats_as_bytes(data, writer)
         body = io.BytesIO(data[HEADER_LEN:])
         try:
             record = fastavro.schemaless_reader(body, writer.parsed, self.current.parsed)
@@ -169,6 +183,24 @@ class Codec:
             )
         if not isinstance(record, dict):
             raise DecodeError(f"{self.current.name} did not decode to a record")
+        return record
+
+    def _decode_floats_as_bytes(self, data: bytes, writer: SchemaVersion) -> dict[str, Any]:
+        if self._reader is None or writer is not self.current:  # fastavro's, then packed
+            record = self.decode(data)
+            for name in self._float_arrays:
+                values = record.get(name)
+                if values is not None:
+                    record[name] = struct.pack(f"<{len(values)}f", *values)
+            return record
+        try:
+            record, end = self._reader(data, HEADER_LEN)
+        except Exception as exc:  # the reader raises several types on corrupt input
+            raise DecodeError(
+                f"corrupt {self.current.name} body: {type(exc).__name__}: {exc}"
+            ) from exc
+        if end != len(data):
+            raise DecodeError(f"{len(data) - end} trailing bytes after {self.current.name}")
         return record
 
     def decode_json(self, data: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -251,6 +283,13 @@ def result_codec() -> Codec:
 def dead_letter_codec() -> Codec:
     """The shared codec of ``DeadLetter``."""
     return Codec.load("DeadLetter")
+
+
+def _is_float_array(kind: Any) -> bool:
+    """Whether a field of type ``kind`` is an array of floats (or null or one)."""
+    if isinstance(kind, list):
+        return any(_is_float_array(k) for k in kind)
+    return isinstance(kind, dict) and kind.get("type") == "array" and kind.get("items") == "float"
 
 
 def _floats_as_lists(record: Mapping[str, Any]) -> dict[str, Any]:
