@@ -32,8 +32,10 @@ class OffsetWatermark(Generic[T]):
 
     def track(self, partition: Hashable, offset: int, token: T) -> None:
         """Register an offset as it arrives; offsets must increase per partition."""
-        queue = self._pending.setdefault(partition, OrderedDict())
-        if queue:
+        queue = self._pending.get(partition)
+        if queue is None:  # not setdefault: that would make a dict per call
+            queue = self._pending[partition] = OrderedDict()
+        elif queue:
             last = next(reversed(queue))
             if offset <= last:
                 raise ValueError(f"offset {offset} of {partition} arrived after {last}")

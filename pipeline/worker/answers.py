@@ -60,6 +60,8 @@ class Answers:
         self._spawn = spawn
         self._ack = ack
         self._clock_ms = clock_ms
+        #: The configured model's (name, version), named in results computed by it.
+        self._model = (settings.model.display_name, settings.model.version)
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
@@ -118,14 +120,7 @@ class Answers:
     def _record(self, work: Work) -> dict[str, Any]:
         leader, prediction = work.leader, work.prediction
         assert leader is not None and prediction is not None
-        name, version = (
-            work.model
-            or leader.model
-            or (
-                self.settings.model.display_name,
-                self.settings.model.version,
-            )
-        )
+        name, version = work.model or leader.model or self._model
         return result_record(
             work.request,
             prediction,
@@ -183,7 +178,7 @@ class Answers:
         """Publish a stored result for ``work``; one unreadable or of another model
         version is computed afresh instead (``Recompute``)."""
         try:
-            record = result_codec().decode(stored)
+            record = result_codec().decode(stored, floats_as_bytes=True)  # copied as they are
         except PermanentError:
             record = None
         if record is None or record["model_version"] != self.settings.model.version:
