@@ -29,6 +29,7 @@ Writer = Callable[[bytearray, Mapping[str, Any]], None]
 _SMALL = [bytes([(n << 1) ^ (n >> 63)]) for n in range(-64, 64)]
 _FLOAT = struct.Struct("<f").pack
 _DOUBLE = struct.Struct("<d").pack
+_BYTES = (bytes, bytearray, memoryview)  # a tuple: a union would be built per call
 
 
 def long_bytes(n: int) -> bytes:
@@ -49,7 +50,7 @@ def _floats(values: Any) -> bytes:
 
     ``values`` may be float32 little-endian bytes (a model's embedding): Avro's
     float is those same 4 bytes, so they are copied as they are."""
-    if isinstance(values, bytes | bytearray | memoryview):
+    if isinstance(values, _BYTES):
         n = len(values) // 4
         return long_bytes(n) + bytes(values) + b"\x00" if n else b"\x00"
     n = len(values)
