@@ -78,9 +78,11 @@ def _statements(kind: Any, v: str, consts: dict[str, Any]) -> list[str] | None:
     """Lines appending value ``v`` of type ``kind`` to ``out``; None if not supported."""
     if kind in ("string", "bytes"):
         b = f"{v}.encode()" if kind == "string" else v
-        return [f"b = {b}", "out += _long(len(b))", "out += b"]
+        # A length under 64 is one byte from the table: no call (most strings here).
+        return [f"b = {b}", "n = len(b)", "out += _small[n + 64] if n < 64 else _long(n)",
+                "out += b"]  # fmt: skip
     if kind in ("int", "long"):
-        return [f"out += _long({v})"]
+        return [f"out += _small[{v} + 64] if -64 <= {v} < 64 else _long({v})"]
     if kind == "float":
         return [f"out += _float({v})"]
     if kind == "double":
@@ -130,6 +132,7 @@ def compile_writer(schema: Mapping[str, Any]) -> Writer | None:
     )
     namespace: dict[str, Any] = {
         "_long": long_bytes,
+        "_small": _SMALL,
         "_float": _FLOAT,
         "_double": _DOUBLE,
         "_floats": _floats,
