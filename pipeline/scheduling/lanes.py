@@ -75,9 +75,10 @@ class LaneQueues(Generic[T]):
         self.pauses = 0
         self.resumes = 0
         self.rejected: dict[str, int] = dict.fromkeys(self.lanes, 0)
+        self._count = 0  # entries queued in all lanes (asked for every offer and decision)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._count
 
     def depth(self, lane: str) -> int:
         return len(self._queue(lane))
@@ -92,6 +93,7 @@ class LaneQueues(Generic[T]):
             self.rejected[item.lane] += 1
             return False
         bisect.insort(queue, Entry(item.deadline_ms, next(self._seq), item, bucket))
+        self._count += 1
         return True
 
     def entries(self, lane: str) -> list[Entry[T]]:
@@ -114,7 +116,8 @@ class LaneQueues(Generic[T]):
             gone.setdefault(e.item.lane, set()).add(id(e))
         for lane, ids in gone.items():
             queue = self._queues[lane]
-            self._queues[lane] = [e for e in queue if id(e) not in ids]
+            self._queues[lane] = kept = [e for e in queue if id(e) not in ids]
+            self._count -= len(queue) - len(kept)
 
     def lanes_to_pause(self) -> list[str]:
         """Lanes to pause now, lowest first; each is reported once until resumed."""

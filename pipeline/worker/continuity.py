@@ -80,6 +80,11 @@ class Verdict:
     explained: bool = False
 
 
+#: The common verdicts, shared (a verdict is immutable): one fewer object per record.
+_PROCESS = Verdict(process=True)
+_PASS = Verdict(process=False)
+
+
 @dataclass
 class _Pending:
     """A seek back to ``sought`` is under way."""
@@ -114,7 +119,7 @@ class Continuity:
         if expected is not None and offset < expected:
             # Delivered again: processed (or accepted as a hole) already since the
             # partition was assigned, so its answer and release are under way.
-            return Verdict(process=False)
+            return _PASS
         pending = self._pending.get(partition)
         low = pending.sought if pending is not None else expected
         if low is not None and offset > low and self._explains(partition, low, offset - 1):
@@ -145,12 +150,12 @@ class Continuity:
                 if now - pending.sought_at_ms >= self._reseek_after_ms:  # seek lost
                     pending.sought_at_ms = now
                     return Verdict(process=False, seek_to=pending.sought)
-                return Verdict(process=False)
+                return _PASS
         elif expected is not None and offset > expected:
             self._pending[partition] = _Pending(expected, offset, 0, offset, self._clock_ms())
             return Verdict(process=False, seek_to=expected)
         self._expected[partition] = offset + 1
-        return Verdict(process=True)
+        return _PROCESS
 
     def overdue(self) -> list[tuple[Hashable, int]]:
         """Seeks asked for ``reseek_after_ms`` ago or longer whose records have not come

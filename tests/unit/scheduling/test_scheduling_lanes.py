@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from support.scheduling import drive, item, scheduler
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.scheduling import Item, drive, item, scheduler
 
 from pipeline.errors import ConfigurationError
-from pipeline.settings import Settings
+from pipeline.scheduling.lanes import LaneQueues
+from pipeline.settings import LANES, Settings
 
 # -- backpressure -----------------------------------------------------------------------
 
@@ -26,6 +29,21 @@ def test_full_lanes_pause_with_hysteresis_realtime_last() -> None:
     assert sched.lanes_to_resume() == ["realtime", "standard", "bulk"]
     snap = sched.snapshot()
     assert (snap["pauses"], snap["resumes"], snap["rejected_bulk"]) == (3, 3, 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["realtime", "standard", "bulk"]), st.booleans())))
+def test_the_queued_count_is_every_lanes_depth_through_offers_and_removals(
+    steps: list[tuple[str, bool]],
+) -> None:
+    """``len(queues)`` is kept as entries come and go (asked for every offer and decision),
+    a full lane's refusals and removals of entries taken or given up included."""
+    queues: LaneQueues[Item] = LaneQueues(LANES, queue_size=3, resume_fraction=0.5)
+    for n, (lane, remove) in enumerate(steps):
+        queues.offer(item(n, lane), 0)
+        if remove:
+            queues.remove(queues.entries(lane)[:2] + queues.entries("bulk")[-1:])
+        assert len(queues) == sum(queues.depth(lane) for lane in LANES)
 
 
 def test_snapshot_exposes_every_decision() -> None:
