@@ -247,3 +247,26 @@ def test_the_batch_that_runs_is_the_layouts_first_not_the_heads_pick() -> None:
     expired = [(now, it.payload) for now, p in run for it in p.expired]
     assert len(on_time) == 20 and not late
     assert expired == [(0, 0)]
+
+
+def test_the_overrun_sizes_the_layout_but_rejects_nothing_the_model_finishes() -> None:
+    # A burst of 300's realtime queue as a worker logged it when it rejected the burst's
+    # longest text (seven short texts, two of 80 tokens; 112-114 ms left; the fitted
+    # model 12.34 ms + 0.1215 ms a token; an overrun of 1.4). Planned at 1.4x, the seven
+    # run first (74 ms), one long text alone (to 105 ms), and the other has no chance
+    # from there; by the model's own prediction both long texts end by 97 ms, so neither
+    # is rejected: the caution sizes the batches, it does not reject.
+    sched = scheduler(seq_buckets="2,4,8,16,24,28,48,80,128,256")
+    sched.controller.model.overhead_ms, sched.controller.model.ms_per_token = 12.34, 0.1215
+    sched.realtime.overrun = 1.4
+    shapes = sched.shapes
+    queue = [(112, 80), (112, 28), (112, 48), (113, 24), (114, 48), (114, 6), (114, 48),
+             (114, 8), (114, 80)]  # fmt: skip
+    entries = [
+        Entry(dl, n, item(n, "realtime", tokens=tokens, deadline=dl), shapes.seq_index(tokens))
+        for n, (dl, tokens) in enumerate(queue)
+    ]
+    doomed, _budget, first, layout = sched.realtime.triage(entries, 0.0, 512, aged_ms=math.inf)
+    assert doomed == [] and layout is not None
+    assert sum(len(b) for b in layout.batches) == len(queue)  # every one laid out
+    assert first is not None and all(e.item.tokens < 80 for e in first)  # short ones first
