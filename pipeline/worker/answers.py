@@ -148,19 +148,16 @@ class Answers:
         """Await one result's acknowledgement; then store (the leader) and release it."""
         leader = work.leader
         try:
-            if rejected is not None:
-                raise rejected
-            assert acked is not None
-            await acked
-        except PublishRejected as exc:  # surely not written
-            if work is leader:
-                self._emit(Unstored(leader))
-            await self.dead_letter(work.incoming, exc, 1, work.request.request_id)
-            return
+            refused = await _refusal(acked, rejected)
         except BaseException:  # AnswerPathFailure: the worker is stopping; release nothing
             if work is leader:
                 self._emit(Unstored(leader))
             raise
+        if refused is not None:  # surely not written
+            if work is leader:
+                self._emit(Unstored(leader))
+            await self.dead_letter(work.incoming, refused, 1, work.request.request_id)
+            return
         if work is leader:
             try:
                 self._emit(Acked(leader, value))  # stored before the input is released
@@ -199,13 +196,7 @@ class Answers:
         for i, (work, acked, rejected) in enumerate(begun):
             incoming, request = work.incoming, work.request
             try:
-                if rejected is not None:
-                    raise rejected
-                assert acked is not None
-                await acked
-            except PublishRejected as exc:  # surely not written
-                await self.dead_letter(incoming, exc, 1, request.request_id)
-                continue
+                refused = await _refusal(acked, rejected)
             except asyncio.CancelledError:
                 for _work, left, _rejected in begun[i + 1 :]:
                     if left is not None:
@@ -213,6 +204,9 @@ class Answers:
                 raise
             except Exception as exc:  # the answer path failed: the others still get theirs
                 failure = failure or exc
+                continue
+            if refused is not None:  # surely not written
+                await self.dead_letter(incoming, refused, 1, request.request_id)
                 continue
             await self._answered(incoming, request, "stored")
         if failure is not None:
@@ -300,3 +294,19 @@ class Answers:
     async def _release(self, incoming: Incoming) -> None:
         for token in self._ledger.release(incoming.origin):
             await self._ack(token)
+
+
+async def _refusal(
+    acked: Coroutine[Any, Any, None] | None, rejected: Exception | None
+) -> PublishRejected | None:
+    """Await a result's acknowledgement (or take its refusal before it was sent, in
+    ``rejected``): None once it is in, the refusal when it was surely not written;
+    any other failure (``AnswerPathFailure``, a cancellation) raises."""
+    try:
+        if rejected is not None:
+            raise rejected
+        assert acked is not None
+        await acked
+    except PublishRejected as exc:
+        return exc
+    return None
