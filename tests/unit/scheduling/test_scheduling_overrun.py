@@ -10,6 +10,7 @@ may arrive right behind its first requests.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,15 +52,32 @@ def _most_on_time(n: int, deadline: int, *, overhead: float, per_row: float, row
     )
 
 
+#: A burst's shape: rows a batch holds, the model's fixed cost and cost per token, the
+#: realtime deadline (the burst's size is drawn from ``data``, up to 4 batches).
+_BURSTS = {
+    "rows": st.integers(1, 32),
+    "overhead": st.integers(1, 30),
+    "cost": st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+    "deadline": st.integers(1, 400),
+    "data": st.data(),
+}
+
+
+def _slowed(k: float, rows: int, fixed: float, cost: float, **extra: Any) -> Scheduler[Item]:
+    """A scheduler of ``rows``-row batches whose latency model predicts ``fixed`` +
+    ``cost`` a token and never learns, after batches that ran ``k`` times that."""
+    sched = scheduler(
+        seq_buckets=BUCKETS, max_items=rows, token_budget=8 * rows, token_budget_min=8,
+        policy="fixed", window_ms=0, margin_ms=0, latency_overhead_ms=fixed,
+        latency_ms_per_token=cost, **extra,
+    )  # fmt: skip
+    sched.controller.model = _Frozen(overhead_ms=fixed, ms_per_token=cost, alpha=1.0)
+    _ran_slow(sched, k)
+    return sched
+
+
 @settings(max_examples=120, deadline=None)
-@given(
-    k=st.sampled_from([1, 2, 3]),
-    rows=st.integers(1, 32),
-    overhead=st.integers(1, 30),
-    cost=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
-    deadline=st.integers(1, 400),
-    data=st.data(),
-)
+@given(k=st.sampled_from([1, 2, 3]), **_BURSTS)
 def test_realtime_planned_on_the_measured_overrun_meets_its_deadlines(
     *, k: int, rows: int, overhead: int, cost: float, deadline: int, data: st.DataObject
 ) -> None:
@@ -70,13 +88,7 @@ def test_realtime_planned_on_the_measured_overrun_meets_its_deadlines(
     # and those it still gives one run alone, after the others.
     n = data.draw(st.integers(1, 4 * rows))
     fixed = float(overhead)
-    sched = scheduler(
-        seq_buckets=BUCKETS, max_items=rows, token_budget=8 * rows, token_budget_min=8,
-        policy="fixed", window_ms=0, margin_ms=0, latency_overhead_ms=fixed,
-        latency_ms_per_token=cost,
-    )  # fmt: skip
-    sched.controller.model = _Frozen(overhead_ms=fixed, ms_per_token=cost, alpha=1.0)
-    _ran_slow(sched, k)
+    sched = _slowed(k, rows, fixed, cost)
     assert sched.overrun == k
     burst = [item(k_, "realtime", tokens=8, at=0, deadline=deadline) for k_ in range(n)]
 
@@ -158,14 +170,7 @@ def test_the_first_batches_after_the_scheduler_woke_stay_within_the_flow_bound(
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    k=st.sampled_from([1.5, 2, 3]),
-    rows=st.integers(1, 32),
-    overhead=st.integers(1, 30),
-    cost=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
-    deadline=st.integers(1, 400),
-    data=st.data(),
-)
+@given(k=st.sampled_from([1.5, 2, 3]), **_BURSTS)
 def test_an_overrun_the_engine_does_not_repeat_rejects_nothing_the_model_finishes(
     *, k: float, rows: int, overhead: int, cost: float, deadline: int, data: st.DataObject
 ) -> None:
@@ -176,13 +181,7 @@ def test_an_overrun_the_engine_does_not_repeat_rejects_nothing_the_model_finishe
     # rejected with 114 ms left where the model finished it by 97 ms).
     n = data.draw(st.integers(1, 4 * rows))
     fixed = float(overhead)
-    sched = scheduler(
-        seq_buckets=BUCKETS, max_items=rows, token_budget=8 * rows, token_budget_min=8,
-        policy="fixed", window_ms=0, margin_ms=0, latency_overhead_ms=fixed,
-        latency_ms_per_token=cost, wake_hold_ms=0,
-    )  # fmt: skip
-    sched.controller.model = _Frozen(overhead_ms=fixed, ms_per_token=cost, alpha=1.0)
-    _ran_slow(sched, k)
+    sched = _slowed(k, rows, fixed, cost, wake_hold_ms=0)  # the burst runs from 0
     burst = [item(k_, "realtime", tokens=8, at=0, deadline=deadline) for k_ in range(n)]
 
     def engine(plan: Plan[Item]) -> float:
