@@ -203,10 +203,12 @@ class Publisher:
         self, key: bytes | None, record: dict[str, Any]
     ) -> tuple[bytes, Coroutine[Any, Any, None]]:
         """Encode a result and hand it to the producer now, when it has room; return its
-        bytes and the acknowledgement to await (it raises as :meth:`result` does). So a
-        batch's results all go out before the first acknowledgement is awaited.
+        bytes and the acknowledgement to await. So a batch's results all go out before
+        the first acknowledgement is awaited.
 
-        Raises PublishRejected at once when the result cannot be encoded.
+        Raises PublishRejected at once when the result cannot be encoded; the
+        acknowledgement raises PublishRejected (not written: answer with a dead letter)
+        or AnswerPathFailure (the worker is stopping; leave the input unreleased).
         """
         try:
             value = result_codec().encode(record)
@@ -233,19 +235,6 @@ class Publisher:
             raise
         except Exception as exc:
             raise self.fail(exc) from exc
-
-    async def result(self, key: bytes | None, record: dict[str, Any]) -> bytes:
-        """Publish a result; return its single-object-encoded bytes once acknowledged.
-
-        Raises PublishRejected (not written: answer with a dead letter) or
-        AnswerPathFailure (the worker is stopping; leave the input unreleased).
-        """
-        try:
-            value = result_codec().encode(record)
-        except Exception as exc:  # nothing was sent: a definite failure
-            raise PublishRejected(f"cannot encode the result: {type(exc).__name__}: {exc}") from exc
-        await self._send_acked(self.results_topic, key, self._framed(value))
-        return value
 
     async def dead_letter(self, record: dict[str, Any]) -> None:
         """Publish a dead letter, keyed like its input, and wait for the acknowledgement.
