@@ -168,8 +168,8 @@ class Codec:
                 f"unknown writer schema fingerprint {fp.hex()} for {self.current.name}; "
                 "is the producer on a newer schema than this worker?"
             )
-        if floats_as_bytes:
-            return self._decode_floats_as_bytes(data, writer)
+        if floats_as_bytes and self._reader is not None and writer is self.current:
+            return self._read_compiled(data)
         body = io.BytesIO(data[HEADER_LEN:])
         try:
             record = fastavro.schemaless_reader(body, writer.parsed, self.current.parsed)
@@ -183,16 +183,17 @@ class Codec:
             )
         if not isinstance(record, dict):
             raise DecodeError(f"{self.current.name} did not decode to a record")
-        return record
-
-    def _decode_floats_as_bytes(self, data: bytes, writer: SchemaVersion) -> dict[str, Any]:
-        if self._reader is None or writer is not self.current:  # fastavro's, then packed
-            record = self.decode(data)
+        if floats_as_bytes:  # another version's record, resolved by fastavro: packed
             for name in self._float_arrays:
                 values = record.get(name)
                 if values is not None:
                     record[name] = struct.pack(f"<{len(values)}f", *values)
-            return record
+        return record
+
+    def _read_compiled(self, data: bytes) -> dict[str, Any]:
+        """A record of the current schema read by its compiled reader (float arrays as
+        their bytes); ``data`` has passed :meth:`decode`'s header checks."""
+        assert self._reader is not None
         try:
             record, end = self._reader(data, HEADER_LEN)
         except Exception as exc:  # the reader raises several types on corrupt input
