@@ -15,12 +15,13 @@ letter exists (docs/design.md, delivery rules).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 import faust
 from mode import Service
@@ -115,6 +116,7 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         # Records are buffered from the first assignment on, maybe before the holder
         # starts: a rebalance from then on must reach the worker's loop (on_rebalance_start).
         holder.on_loop(asyncio.get_running_loop())
+        holder.watch_recovery()
         holder.ledger.assigned(
             (tp.topic, tp.partition) for tp in assigned if tp.topic in lane_names
         )
@@ -157,6 +159,8 @@ class _RuntimeHolder(Service):
         self.telemetry: DeviceTelemetry | SimTelemetry | None = None
         self.metrics_server: MetricsServer | None = None
         self.stalls: StallWatch | None = None
+        self._recovery_watch: asyncio.Future[None] | None = None
+        self._recovery_stalls: collections.Counter[str] = collections.Counter()
         self.answer_producer: AnswerProducer | None = None
         self.metrics = PipelineMetrics(process_collectors=False)
         self.ready = asyncio.Event()
@@ -206,6 +210,8 @@ class _RuntimeHolder(Service):
     def on_stopping(self) -> None:
         """The worker stops: give up unstarted work and every lane record fetched, now
         and until the consumer has stopped."""
+        if self._recovery_watch is not None:
+            self._recovery_watch.cancel()
         self.reader.stop()
         self._give_up_unstarted("stopping")
 
@@ -224,6 +230,8 @@ class _RuntimeHolder(Service):
             s.log, allow_payloads=s.worker.log_payloads, static={"app": s.worker.app_id}
         )
         self.metrics = PipelineMetrics()
+        for action, count in self._recovery_stalls.items():  # the watch acted before start
+            self.metrics.recovery_stall(action, count)
         self.metrics_server = start_metrics_server(s.metrics, self.metrics)
         self.stalls = StallWatch(self.metrics)
         self.stalls.install()
@@ -313,6 +321,35 @@ class _RuntimeHolder(Service):
                 with contextlib.suppress(Exception):  # revoked meanwhile: nothing to redo
                     await faust_edge.seek(self.app.consumer, tp, offset)
             await self.reader.check_ends()
+
+    def watch_recovery(self) -> None:
+        """Start the watch on Faust's recovery of the stored results, once, at the first
+        assignment: Faust starts the app's services only after the first recovery is
+        complete, and that one may be the recovery that stalls."""
+        if self._recovery_watch is None:
+            self._recovery_watch = asyncio.ensure_future(self._watch_recovery())
+
+    async def _watch_recovery(self, interval_s: float = 1.0) -> None:
+        """A recovery never holds a partition's lanes for long (faust_edge/recovery_watch.py);
+        a loop of its own, as a reading again waits on the consumer's thread."""
+        consumer = self.app.consumer
+        watch = faust_edge.RecoveryWatch(
+            cast(Any, self.app.tables).recovery,  # Faust's TableManager; not on its type
+            consumer.seek_wait,
+            lambda tp: faust_edge.position(consumer, tp),
+            stall_s=self.settings.dedupe.recovery_stall_s,
+            on_action=self._recovery_stall,
+        )
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await watch.check()
+            except Exception:  # a watch that fails must not take the worker with it
+                log.exception("the watch on the stored results' recovery failed")
+
+    def _recovery_stall(self, action: str) -> None:
+        self._recovery_stalls[action] += 1  # counted again into the metrics made at start
+        self.metrics.recovery_stall(action)
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""

@@ -18,6 +18,7 @@ __all__ = [
     "PASSED_HOW",
     "PREFIX",
     "REASONS",
+    "RECOVERY_ACTIONS",
     "REGISTRY_OUTCOMES",
     "SERVED",
     "STALL_BUCKETS",
@@ -47,6 +48,7 @@ DEDUPE_LEVELS = ("batch", "inflight", "stored")
 REASONS = ("deadline", "aged", "full", "window", "expired")
 BREAKER_STATES = ("closed", "open", "half_open")
 PASSED_HOW = ("log", "seeks")
+RECOVERY_ACTIONS = ("read-again", "let-go")
 
 # name -> (type, help). Counters are listed without `_total`, as
 # prometheus_client names them; histograms expose _bucket/_count/_sum.
@@ -83,6 +85,12 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "lane offsets holding no record, passed: how=log (the fetch walked past them: "
         "a transaction marker, an aborted or compacted record), how=seeks (confirmed by "
         "repeated seeks back)",
+    ),
+    "pipeline_dedupe_recovery_stalls": (
+        "counter",
+        "changelog partitions of the stored results whose recovery received nothing for "
+        "PIPELINE_DEDUPE_RECOVERY_STALL_S: action=read-again (sought again), action=let-go "
+        "(recovery ended without their results)",
     ),
     "pipeline_device_utilisation_ratio": ("gauge", "GPU utilisation, 0..1 (NVML)"),
     "pipeline_device_memory_used_bytes": ("gauge", "GPU memory in use"),

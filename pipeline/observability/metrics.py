@@ -44,6 +44,7 @@ from pipeline.observability.metric_families import (
     PASSED_HOW,
     PREFIX,
     REASONS,
+    RECOVERY_ACTIONS,
     REGISTRY_OUTCOMES,
     SERVED,
     STALL_BUCKETS,
@@ -133,9 +134,10 @@ class PipelineMetrics:
         self._oldest = gauge("pipeline_oldest_unreleased_input_seconds")
         self._budget = gauge("pipeline_token_budget")
         self._budget_changes = counter("pipeline_token_budget_changes", ["direction"])
-        self._paused, self._passed = (
+        self._paused, self._passed, self._recovery_stalls = (
             gauge("pipeline_lane_paused", ["lane"]),
             counter("pipeline_lane_offsets_passed", ["how"]),
+            counter("pipeline_dedupe_recovery_stalls", ["action"]),
         )
         self._util = gauge("pipeline_device_utilisation_ratio")
         self._mem_used = gauge("pipeline_device_memory_used_bytes")
@@ -181,6 +183,8 @@ class PipelineMetrics:
             self._passed.labels(how=how)
         for generation in ("0", "1", "2"):
             self._gc_pause.labels(generation=generation)
+        for action in RECOVERY_ACTIONS:
+            self._recovery_stalls.labels(action=action)
         for outcome in REGISTRY_OUTCOMES:
             self._registry_lookups.labels(outcome=outcome)
 
@@ -310,6 +314,10 @@ class PipelineMetrics:
     def offsets_passed(self, count: int, explained: bool) -> None:
         """``count`` lane offsets that hold no record were passed (see the family)."""
         self._passed.labels(how=PASSED_HOW[0] if explained else PASSED_HOW[1]).inc(count)
+
+    def recovery_stall(self, action: str, count: int = 1) -> None:
+        """The watch on the stored results' recovery acted ``count`` times (see the family)."""
+        self._recovery_stalls.labels(action=action).inc(count)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop a revoked partition's lag series (another worker reports it now)."""

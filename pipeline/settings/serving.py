@@ -208,8 +208,19 @@ class DedupeSettings:
         "write RocksDB's write-ahead log for stored results; off: the changelog topic is "
         "the durable copy, and a crash replays up to two memtables more of it",
     )
+    recovery_stall_s: float = _field(
+        10.0,
+        "seconds a partition of the stored results' recovery may receive nothing before "
+        "it is read again; after two such readings it is let go (its results are computed "
+        "again): the recovery holds the partition's lanes meanwhile",
+    )
 
     def __post_init__(self) -> None:
+        if not self.recovery_stall_s > 0:
+            raise ConfigurationError(
+                f"PIPELINE_DEDUPE_RECOVERY_STALL_S={self.recovery_stall_s}: expected a number "
+                "of seconds above 0"
+            )
         if self.store_memory_mib < MIN_STORE_MEMORY_MIB:
             raise ConfigurationError(
                 f"PIPELINE_DEDUPE_STORE_MEMORY_MIB={self.store_memory_mib}: expected at least "

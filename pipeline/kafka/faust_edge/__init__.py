@@ -51,7 +51,10 @@ made here, and nowhere else:
   index is a bounded LRU (:class:`ChangelogStore`): through Faust's table API each write is one
   record on Faust's aiokafka producer, whose buffer of 100 records stalled
   intake ("producer buffer full") and cut a noop worker's throughput by more
-  than half.
+  than half;
+- Faust's recovery of the dedupe table is watched (:class:`RecoveryWatch`): a
+  changelog partition that receives nothing is read again, then let go, so the
+  stored results (a cache) never hold a partition's lanes for long.
 
 :func:`check` runs when ``pipeline.app`` is imported: a Faust other than the
 pinned, tested one (``constraints.txt``), or one without these attributes,
@@ -61,7 +64,8 @@ The package's files: ``consumer.py``, the consumer's patches and the calls
 the lane reader makes on it (everything above but the dedupe table);
 ``passed.py``, the offsets the fetcher passed without a record;
 ``store.py``, the dedupe table's store and changelog (:class:`ChangelogStore`,
-:func:`in_partition_of`); ``stop.py``, the loud stop; this file, the start-up check.
+:func:`in_partition_of`); ``recovery_watch.py``, the watch on its recovery;
+``stop.py``, the loud stop; this file, the start-up check.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ from pipeline.kafka.faust_edge.consumer import (
     set_fetch_max_wait,
 )
 from pipeline.kafka.faust_edge.passed import PassedOffsets
+from pipeline.kafka.faust_edge.recovery_watch import RecoveryWatch
 from pipeline.kafka.faust_edge.stop import stop_worker
 from pipeline.kafka.faust_edge.store import ChangelogStore, in_partition_of
 
@@ -101,6 +106,7 @@ __all__ = [
     "TESTED_FAUST",
     "ChangelogStore",
     "PassedOffsets",
+    "RecoveryWatch",
     "add_gap",
     "check",
     "committed",
@@ -155,6 +161,23 @@ _INSTANCE_STATE = (
     (FetchResult, "_topic_partition"),
     (PartitionRecords, "next_fetch_offset"),
 )
+#: What the recovery watch reads and calls on Faust's table recovery.
+_RECOVERY_STATE = (
+    "_active_events_received_at",
+    "active_highwaters",
+    "active_offsets",
+    "active_tps",
+)
+_RECOVERY_ATTRIBUTES = (
+    "_recovery_started_at",
+    "_set_recovery_ended",
+    "active_remaining",
+    "flush_buffers",
+    "in_recovery",
+    "need_recovery",
+    "signal_recovery_end",
+)
+
 #: Methods of aiokafka's classes replaced here.
 _AIOKAFKA_METHODS = ((FetchResult, "getall"),)
 
@@ -164,6 +187,7 @@ def check(
     consumer: type = Consumer,
     store: type | None = None,
     thread: type | None = None,
+    recovery: type | None = None,
 ) -> None:
     """Raise ConfigurationError (one line) unless Faust is the tested release and has
     every private attribute this package relies on."""
@@ -173,6 +197,10 @@ def check(
         store = Store
     if thread is None:
         thread = AIOKafkaConsumerThread
+    if recovery is None:
+        from faust.tables.recovery import Recovery
+
+        recovery = Recovery
     found = version if version is not None else importlib.metadata.version("faust-streaming")
     if found != TESTED_FAUST:
         raise ConfigurationError(
@@ -192,6 +220,9 @@ def check(
         if f"self.{name}" not in _init_source(cls)
     ]
     missing += [f"{c.__name__}.{name}" for c, name in _AIOKAFKA_METHODS if not hasattr(c, name)]
+    recovery_init = _init_source(recovery)
+    missing += [f"Recovery.{n}" for n in _RECOVERY_STATE if f"self.{n}" not in recovery_init]
+    missing += [f"Recovery.{n}" for n in _RECOVERY_ATTRIBUTES if not hasattr(recovery, n)]
     # stop_worker: Faust's setting, mode's crash reason and the service's beacon.
     missing += [
         f"{cls.__name__}.{name}"

@@ -640,3 +640,24 @@ def test_dedupe_entries_are_written_in_their_records_partition(tmp_path: Path) -
     assert "in_partition_of" in out["outside"]
     assert out["persisted_before"] is None
     assert out["persisted"] == 7
+
+
+def test_a_recovery_without_what_the_watch_reads_is_named() -> None:
+    class Recovery:
+        in_recovery = False
+
+        def __init__(self) -> None:
+            self.active_tps: set[object] = set()
+
+        def need_recovery(self) -> bool:
+            return False
+
+    with pytest.raises(ConfigurationError) as err:
+        faust_edge.check(version=faust_edge.TESTED_FAUST, recovery=Recovery)
+    text = str(err.value)
+    for name in ("Recovery.active_offsets", "Recovery._active_events_received_at"):
+        assert name in text
+    for name in ("Recovery._set_recovery_ended", "Recovery.signal_recovery_end"):
+        assert name in text
+    for present in ("Recovery.active_tps", "Recovery.in_recovery", "Recovery.need_recovery"):
+        assert present not in text
