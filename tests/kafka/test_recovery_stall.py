@@ -99,7 +99,7 @@ def test_a_recovery_that_receives_nothing_is_read_again_then_let_go(
         with RequestProducer(dep.settings) as producer:
             producer.send("a second request", lane="standard", request_id="second")
         answers = dep.answers(expect=2, timeout_s=60)
-        assert sorted(a.request_id for a in answers) == ["first", "second"]
+        assert sorted(str(a.request_id) for a in answers) == ["first", "second"]
         stalls = _stalls(port)
         log = worker.log()
 
