@@ -41,7 +41,6 @@ import contextlib
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -50,7 +49,7 @@ import pytest
 from confluent_kafka import Producer
 from harness import Deployment
 from ledger import Kill, Ledger, answered_past_commit, check_ledger, committed, log_end
-from prometheus_client.parser import text_string_to_metric_families
+from support.scrape import counter_by
 
 from pipeline.codecs.keys import content_hash
 from pipeline.kafka.client import RequestProducer, request_bytes
@@ -192,14 +191,7 @@ def _holes(offsets: list[int]) -> list[tuple[int, int]]:
 
 def _passed(port: int) -> dict[str, float]:
     """The worker's ``pipeline_lane_offsets_passed_total`` by ``how``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        s.labels["how"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "pipeline_lane_offsets_passed_total"
-    }
+    return counter_by(port, "pipeline_lane_offsets_passed_total", "how")
 
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])

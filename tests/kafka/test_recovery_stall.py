@@ -21,13 +21,12 @@ never got ready (checked by hand: 180 s).
 from __future__ import annotations
 
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 from harness import Deployment
-from prometheus_client.parser import text_string_to_metric_families
+from support.scrape import counter_by
 
 from pipeline.kafka.client import RequestProducer
 from pipeline.kafka.security import client_config
@@ -44,17 +43,6 @@ LET_GO = re.compile(
     r"dedupe changelog (\S+)\[0\]: recovery received nothing after 2 readings .*; let go: "
     r"the results of offsets 2\.\.2 are not restored"
 )
-
-
-def _stalls(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        s.labels["action"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "pipeline_dedupe_recovery_stalls_total"
-    }
 
 
 def _entry_in_a_transaction(dep: Deployment, topic: str) -> None:
@@ -100,7 +88,7 @@ def test_a_recovery_that_receives_nothing_is_read_again_then_let_go(
             producer.send("a second request", lane="standard", request_id="second")
         answers = dep.answers(expect=2, timeout_s=60)
         assert sorted(str(a.request_id) for a in answers) == ["first", "second"]
-        stalls = _stalls(port)
+        stalls = counter_by(port, "pipeline_dedupe_recovery_stalls_total", "action")
         log = worker.log()
 
     read_again = READ_AGAIN.findall(log)
