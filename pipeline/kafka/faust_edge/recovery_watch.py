@@ -68,7 +68,9 @@ class RecoveryWatch:
     consumer call) at most :data:`READINGS` times, ``stall_s`` apart; a stall after
     those ends its recovery with the offsets it lacked counted as read. Standby
     partitions (which hold no lane) and a recovery making progress are let be.
-    State is kept per recovery: a new one starts with no readings counted.
+    State is kept per recovery: a new one starts with no readings counted, and
+    nothing judged in one is done to the next (the consumer's position, read for
+    the log before acting, may take a while), nor after a record came meanwhile.
     """
 
     def __init__(
@@ -119,6 +121,10 @@ class RecoveryWatch:
             offset, highwater = r.active_offsets[tp], r.active_highwaters[tp]
             quiet_s = now - max(started_at, r._active_events_received_at.get(tp, started_at))
             at = await self._position_or_none(tp)
+            if r._recovery_started_at != started_at or not r.in_recovery:
+                break  # ended or restarted while the position was read: a new recovery
+            if r.active_offsets[tp] != offset:
+                continue  # a record came while the position was read: not stalled
             if readings < READINGS:
                 self._readings[tp] = readings + 1
                 log.warning(

@@ -156,6 +156,45 @@ def test_a_position_or_seek_that_fails_still_acts_and_the_log_says_none(
     assert "the consumer at None" in caplog.records[0].getMessage()
 
 
+def test_nothing_judged_in_one_recovery_is_done_to_the_next_or_after_a_record() -> None:
+    """The position is read (for the log) before acting: a recovery that restarted, or
+    a record that came, meanwhile makes the stall moot."""
+
+    class _Meanwhile(_Consumer):
+        def __init__(self, r: Any, happen: Any) -> None:
+            super().__init__()
+            self.r, self.happen, self.armed = r, happen, False
+
+        async def position(self, tp: Any) -> int | None:
+            if self.armed:
+                self.happen(self.r)
+            return 56
+
+    def restart(r: Any) -> None:
+        r._recovery_started_at += 50.0
+        r.active_highwaters[CL2] = 80
+
+    def record(r: Any) -> None:
+        r.active_offsets[CL2] += 1
+
+    async def main(happen: Any) -> tuple[list[tuple[TP, str]], Any]:
+        r, clock = _recovery(), _Clock()
+        consumer = _Meanwhile(r, happen)
+        watch = _watch(r, clock, consumer)
+        for _ in range(READINGS):  # its readings spent: the next stall would let go
+            clock.now += 10.1
+            assert await watch.check() == [(CL2, "read-again")]
+        consumer.armed = True
+        clock.now += 10.1
+        return await watch.check(), r
+
+    for happen, offset in ((restart, 9), (record, 10)):
+        done, r = asyncio.run(main(happen))
+        assert done == []
+        assert r.active_offsets[CL2] == offset and r.in_recovery
+        assert not r.signal_recovery_end.is_set()
+
+
 def test_stalled_counts_from_the_latest_of_start_event_and_action() -> None:
     remaining = {CL2: 46, CL3: 0, CL0: -1}
 
