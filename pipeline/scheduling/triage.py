@@ -260,18 +260,18 @@ def _batch(
         if counts[bucket]:
             total += counts[bucket]
             admitted[bucket] = total
-    best, best_rows, best_n = anchor.bucket, 1, 1  # the anchor alone
+    best, best_n = anchor.bucket, 1  # the anchor alone
     room = anchor.deadline_ms - t - margin_ms
-    sizes = functools.partial(_rows, shapes, predict_ms=predict_ms, max_items=max_items,
-                              max_tokens=max_tokens)  # fmt: skip
+    admits = functools.partial(_admits, shapes, predict_ms=predict_ms, max_items=max_items,
+                               max_tokens=max_tokens)  # fmt: skip
     for bucket, n_le in admitted.items():
         if bucket < anchor.bucket or n_le <= best_n:
             continue  # (rows only fall as the cap grows: skipping ends no search early)
-        rows = max(1, sizes(bucket, room))
-        n = min(rows, n_le)
+        n, every_row = admits(bucket, room, n_le)
+        n = max(n, 1)  # the anchor fits alone: the caller made sure
         if n > best_n:
-            best, best_rows, best_n = bucket, rows, n
-        if n == rows:
+            best, best_n = bucket, n
+        if every_row:
             break  # a longer cap holds no more rows, and these are already in
     # Shorter requests first, the anchor after them: it must still fit alone then.
     after = room - predict_ms(shapes.seq_len(anchor.bucket))
@@ -280,21 +280,25 @@ def _batch(
             break
         if n_le + 1 <= best_n:
             continue
-        rows = sizes(bucket, after)
-        n = min(rows, n_le)
+        n, _ = admits(bucket, after, n_le)
         if n and n + 1 > best_n:
-            best, best_rows, best_n = bucket, rows, n
-    return _take(rest, best, best_rows)
+            best, best_n = bucket, n
+    return _take(rest, best, best_n)
 
 
-def _rows(
-    shapes: Shapes, bucket: int, room: float, *, predict_ms: Callable[[int], float],
-    max_items: int, max_tokens: int,
-) -> int:  # fmt: skip
-    """The most rows of a batch padded to ``bucket`` that finishes within ``room``."""
+def _admits(
+    shapes: Shapes, bucket: int, room: float, pending: int, *,
+    predict_ms: Callable[[int], float], max_items: int, max_tokens: int,
+) -> tuple[int, bool]:  # fmt: skip
+    """How many of ``pending`` requests a batch padded to ``bucket`` holds and finishes
+    within ``room``, and whether that is every row such a batch may have (``False``
+    when ``pending`` ran out first, or may have). Predicts no more than it must: with
+    the deadline far, one prediction."""
     seq = shapes.seq_len(bucket)
     cap = min(max_items, max(max_tokens // seq, 1))
-    return _most(cap, functools.partial(_fits, predict_ms, seq, room))
+    most = min(cap, pending)
+    n = _most(most, functools.partial(_fits, predict_ms, seq, room))
+    return n, n < most or most == cap
 
 
 def _take(rest: list[Entry[T]], bucket: int, rows: int) -> tuple[list[Entry[T]], list[Entry[T]]]:
