@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import re
+import sys
+import unicodedata
 from typing import Any
 
 import pytest
@@ -22,6 +25,17 @@ def test_hash_ignores_whitespace_and_unicode_form_but_not_model() -> None:
     assert a != content_hash("Café au laid", "m@1")
     assert normalise(" a \n b ") == "a b"
     assert len(a) == 32 and int(a, 16) >= 0
+
+
+def test_the_kafka_keys_whitespace_is_every_unicode_whitespace_and_nothing_else() -> None:
+    # Producers in any language compute this key (README, "Keys"): runs of any code
+    # point Python's \s matches collapse to one space, ends trimmed; nothing else does.
+    for code in range(sys.maxunicode + 1):
+        c = chr(code)
+        if re.fullmatch(r"\s", c):
+            assert normalise(f"{c}a{c}{c}b{c}") == "a b", hex(code)
+        else:
+            assert normalise(c) == unicodedata.normalize("NFC", c), hex(code)
 
 
 def test_stored_results_expire_and_survive_round_trip() -> None:
