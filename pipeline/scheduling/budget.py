@@ -196,7 +196,8 @@ def assemble(
 ) -> Draft[T]:
     """Assemble the batch that would run now (see the module's promise) from ``heads``
     (each lane's queue, or the part of it to look at); ``urgency`` says, by ``id``, how
-    overdue each request of the lower lanes there is (``ON_TIME``, ``LATE``, ``DUE``);
+    overdue each request of the lower lanes there is (``LATE``, ``DUE``; one it does not
+    name is ``ON_TIME``);
     ``cost_ms``: a batch's predicted time from its padded tokens (None: the padding
     rule); ``urgent_ms``: a realtime request due before it cannot wait for the next
     batch. Mutates nothing."""
@@ -205,9 +206,11 @@ def assemble(
         heads = {lane: queues.entries(lane) for lane in queues.lanes}
     draft: Draft[T] = Draft(shapes, budget=budget, max_items=max_items)
     realtime = heads[top]
+    # Keys of plain ints (an Entry sorts by deadline, then arrival): compared in C, where
+    # the Entry's own ordering called a Python method for every comparison.
     late = sorted(
-        (e for lane in others for e in heads[lane] if urgency[id(e)]),
-        key=lambda e: (-urgency[id(e)], e),
+        (e for lane in others for e in heads[lane] if urgency.get(id(e), ON_TIME)),
+        key=lambda e: (-urgency[id(e)], e.deadline_ms, e.seq),
     )
     reserve = bool(realtime) and realtime_share > 0
     items_cap, rt_rows, rt_bucket = max_items, 0, -1
@@ -228,12 +231,12 @@ def assemble(
     # saturated phase replayed through the scheduler at the slow device's cost).
     crowd = _crowded(late, shapes, budget, max_items)
     if crowd:
-        late.sort()
+        late.sort(key=_edf)
         late[1:] = _nearest_first(late[1:], late[0].bucket)
     anchor = late[0].bucket if late else -1
 
     def joins(e: Entry[T]) -> bool:
-        return (urgency[id(e)] == DUE and not crowd) or _affine(draft, e, anchor, cost_ms)
+        return (urgency.get(id(e)) == DUE and not crowd) or _affine(draft, e, anchor, cost_ms)
 
     for e in late:  # 1
         if not draft.entries:
@@ -317,6 +320,11 @@ def _share_ms(draft: Draft[T], bucket: int, pending: int, cost_ms: Callable[[int
     seq = draft.shapes.seq_len(bucket)
     rows = max(1, min(pending, draft.max_items, draft.budget // seq))
     return cost_ms(rows * seq) / rows
+
+
+def _edf(e: Entry[T]) -> tuple[int, int]:
+    """An entry's place in deadline order (as its own ordering, in plain ints)."""
+    return e.deadline_ms, e.seq
 
 
 def _nearest_first(entries: Iterable[Entry[T]], anchor: int) -> list[Entry[T]]:

@@ -92,7 +92,11 @@ class LaneQueues(Generic[T]):
         if len(queue) >= self.high:
             self.rejected[item.lane] += 1
             return False
-        bisect.insort(queue, Entry(item.deadline_ms, next(self._seq), item, bucket))
+        entry = Entry(item.deadline_ms, next(self._seq), item, bucket)
+        if not queue or item.deadline_ms >= queue[-1].deadline_ms:
+            queue.append(entry)  # the usual place: the latest seq goes after equal deadlines
+        else:
+            bisect.insort(queue, entry)
         self._count += 1
         return True
 

@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipeline.scheduling.budget import DUE, LATE, ON_TIME, Draft, Plan, Shapes, assemble
+from pipeline.scheduling.budget import DUE, LATE, Draft, Plan, Shapes, assemble
 from pipeline.scheduling.controller import Controller
 from pipeline.scheduling.lanes import Entry, LaneQueues, Queued
 from pipeline.scheduling.realtime import RealtimePlanner
@@ -209,7 +209,9 @@ class Scheduler(Generic[T]):
             return Plan([], expired, 0, 0, 0, 0, self.controller.budget, "expired")
         draft = decision.draft
         self.queues.remove(draft.entries)
-        entries = sorted(draft.entries, key=lambda e: (self._rank[e.item.lane], e))
+        entries = sorted(
+            draft.entries, key=lambda e: (self._rank[e.item.lane], e.deadline_ms, e.seq)
+        )
         plan = Plan(
             items=[e.item for e in entries],
             expired=expired,
@@ -361,8 +363,8 @@ class Scheduler(Generic[T]):
                         aged = aged_ms - lead
                     if aged_ms < bound:  # noqa: PLR1730
                         bound = aged_ms
-                level = ON_TIME if bound - lead > now_ms else DUE if now_ms <= bound else LATE
-                urgency[id(e)] = level
+                if bound - lead <= now_ms:  # not ON_TIME (which goes unrecorded)
+                    urgency[id(e)] = DUE if now_ms <= bound else LATE
         cut = self._budget_now(now_ms, start, due_waiting=DUE in urgency.values())
         top = self.lanes[0]
         doomed, budget, first, layout = self.realtime.triage(heads[top], start, cut, aged_ms=aged)
