@@ -11,21 +11,36 @@ __all__ = ["plots"]
 
 
 def plots(report: dict[str, Any], out: Path) -> list[Path]:
-    """Write ``latency_vs_load.png`` and ``adaptive_timeline.png`` into ``out``."""
+    """Write ``latency_vs_load.png`` (when a mode ran a load phase) and
+    ``adaptive_timeline.png`` (when the adaptive worker was sampled) into ``out``;
+    return the paths written. A run without either draws no empty axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, data in report["modes"].items():
-        points = [
+    loads = {
+        mode: sorted(
             (p["offered_rate"], p["latency_ms"]["realtime"]["p99"], p["latency_ms"]["all"]["p99"])
             for p in data["phases"]
             if p.get("offered_rate") and p.get("latency_ms")
-        ]
-        points.sort()
+        )
+        for mode, data in report["modes"].items()
+    }
+    if any(loads.values()):
+        written.append(_latency_vs_load(plt, loads, out))
+    rows = report["modes"].get("adaptive", {}).get("timeline", [])
+    if len(rows) >= 2:
+        written.append(_timeline(plt, rows, out))
+    return written
+
+
+def _latency_vs_load(
+    plt: Any, loads: dict[str, list[tuple[float, float, float]]], out: Path
+) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, points in loads.items():
         if not points:
             continue
         xs = [x for x, _, _ in points]
@@ -41,9 +56,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     path = out / "latency_vs_load.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path)
+    return path
 
-    rows = report["modes"].get("adaptive", {}).get("timeline", [])
+
+def _timeline(plt: Any, rows: list[dict[str, Any]], out: Path) -> Path:
     with_gpu = any(row.get("gpu") is not None for row in rows)  # --device cuda
     fig, axes = plt.subplots(3 if with_gpu else 2, 1, figsize=(7, 7 if with_gpu else 5),
                              sharex=True)  # fmt: skip
@@ -70,5 +86,4 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     path = out / "adaptive_timeline.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path

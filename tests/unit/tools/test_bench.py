@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -276,6 +276,22 @@ def test_sampler_averages_the_gpu_over_each_phase_alone(tmp_path: Path) -> None:
                                                     "timeline": rows}}}  # fmt: skip
     paths = write_report(report, tmp_path)
     assert paths["adaptive_timeline"].stat().st_size > 0
+
+
+def test_a_run_without_load_phases_or_an_adaptive_worker_draws_no_empty_plot(
+    tmp_path: Path,
+) -> None:
+    from pipeline.tools.bench.plots import plots
+
+    saturated: dict[str, Any] = {"phase": "saturate", "offered_rate": None, "latency_ms": {}}
+    phases = [saturated]
+    report = {"modes": {"noop": {"mode": "noop", "phases": phases, "timeline": []}}}
+    assert plots(report, tmp_path) == []
+    assert not list(tmp_path.glob("*.png"))
+    loaded = {**saturated, "offered_rate": 100.0,
+              "latency_ms": {"realtime": {"p99": 50.0}, "all": {"p99": 80.0}}}  # fmt: skip
+    phases.append(loaded)
+    assert [p.name for p in plots(report, tmp_path)] == ["latency_vs_load.png"]
 
 
 def test_proc_probe_reads_this_process() -> None:
