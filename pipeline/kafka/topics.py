@@ -24,6 +24,7 @@ __all__ = [
     "admin_client",
     "admin_session",
     "create_topics",
+    "delete_topics_named",
     "describe_topics",
     "topic_specs",
 ]
@@ -46,6 +47,23 @@ def admin_session(settings: Settings, watch: AuthWatch | None = None) -> Iterato
         yield admin
     finally:
         serve_logs(admin)
+
+
+def delete_topics_named(
+    settings: Settings, prefixes: tuple[str, ...], *, timeout_s: float = 30.0
+) -> list[str]:
+    """Delete every topic whose name starts with one of ``prefixes``; return the names
+    deleted. Raises what the admin client raises (the caller decides whether a topic
+    left behind matters)."""
+    with admin_session(settings) as admin:
+        names = sorted(
+            t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(prefixes)
+        )
+        if names:
+            futures = admin.delete_topics(names, operation_timeout=timeout_s)
+            for future in futures.values():
+                future.result(timeout=timeout_s)
+    return names
 
 
 def topic_specs(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from confluent_kafka.admin import AdminClient
 
 from pipeline.cli import main
 
@@ -21,6 +22,8 @@ def test_quick_bench_answers_everything_and_writes_the_report(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "bench"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    before = set(admin.list_topics(timeout=10).topics)
     result = CliRunner().invoke(
         main,
         [
@@ -38,6 +41,9 @@ def test_quick_bench_answers_everything_and_writes_the_report(
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
+    # Each mode's topics, and Faust's, are gone with it (no --keep-topics).
+    left = set(admin.list_topics(timeout=10).topics) - before
+    assert not {t for t in left if t.startswith(("bench-", "pipeline-bench-"))}, left
     report = json.loads((out / "bench.json").read_text())
     assert set(report) >= {"config", "machine", "modes", "targets", "elapsed_s"}
     for mode in ("noop", "adaptive"):  # --set reaches every pipeline worker, and the report

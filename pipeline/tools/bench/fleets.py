@@ -60,7 +60,8 @@ def run_fleets(
             app_id = f"pipeline-bench-fleets-{uuid.uuid4().hex[:8]}"
             per_worker = split_env(workers, config.fleet_realtime_workers, app_id)
         dep = Deployment(f"fleets-{layout}", bootstrap=bootstrap, out=config.out,
-                         extra_env=env, workers=workers, per_worker=per_worker)  # fmt: skip
+                         extra_env=env, workers=workers, per_worker=per_worker,
+                         keep_topics=config.keep_topics)  # fmt: skip
         say(f"fleets/{layout}: starting {workers} worker(s)")
         sampler = None
         try:

@@ -328,6 +328,7 @@ def faust_floor(config: BenchConfig, bootstrap: str, settings: Settings) -> dict
         extra_env=security_env(settings),
         workers=config.workers,
         app="pipeline.tools.bench.faust_floor",
+        keep_topics=config.keep_topics,
     )
     workload = generate(WorkloadSpec(n=config.noop_requests, seed=config.seed,
                                      dup_rate=config.dup_rate))  # fmt: skip

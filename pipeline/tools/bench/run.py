@@ -93,6 +93,7 @@ class BenchConfig:
     idle_s: float = 3.0  # the silence before a burst and before each after-idle request
     worker_env: tuple[tuple[str, str], ...] = ()  # --set: PIPELINE_* for every pipeline worker
     fleet_realtime_workers: int = 1  # fleets: workers of the realtime fleet (of max(workers, 2))
+    keep_topics: bool = False  # leave each mode's topics on the broker (deleted otherwise)
 
     @classmethod
     def quick(cls, **changes: Any) -> BenchConfig:
@@ -121,6 +122,7 @@ def _worker_mode(
     dep = Deployment(
         mode, bootstrap=bootstrap, out=config.out, extra_env=env, workers=config.workers,
         device_file=_sim_file(config) if config.device == "sim" else None,
+        keep_topics=config.keep_topics,
     )  # fmt: skip
     say(
         f"{mode}: starting {config.workers} worker(s) "
@@ -283,7 +285,8 @@ def _thread_sweep(
         say(f"threads {spec}: the model alone, batch {size}, serial and pipelined")
         raw = raw_threads(setting, texts, size=size, env=model_env)
         env = {**model_env, **dict(config.worker_env), **setting.env(), **security_env(settings)}
-        dep = Deployment("adaptive", bootstrap=bootstrap, out=config.out, extra_env=env)
+        dep = Deployment("adaptive", bootstrap=bootstrap, out=config.out, extra_env=env,
+                         keep_topics=config.keep_topics)  # fmt: skip
         workload = WorkloadSpec(n=config.requests, seed=config.seed, dup_rate=config.dup_rate)
         try:
             dep.start()

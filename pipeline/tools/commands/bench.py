@@ -243,6 +243,12 @@ def _sets(
     "recorded in bench.json), e.g. --set PIPELINE_SCHEDULER_FLOW_THRESHOLD=0.5.",
 )
 @click.option(
+    "--keep-topics",
+    is_flag=True,
+    help="Leave each mode's topics (bench-<mode>-<tag>.*, and Faust's) on the broker to "
+    "inspect; by default they are deleted when the mode ends.",
+)
+@click.option(
     "--soak",
     "soak_s",
     type=click.FloatRange(30),
@@ -285,6 +291,7 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     idle_requests: int | None,
     idle_s: float | None,
     worker_env: tuple[tuple[str, str], ...],
+    keep_topics: bool,
     soak_s: float | None,
     keep_broker: bool,
 ) -> None:
@@ -332,6 +339,6 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
         fleet_realtime_workers=fleet_realtime_workers, burst_requests=burst_requests,
         burst_small_requests=burst_small_requests, backlog_requests=backlog_requests,
         backlog_max_s=backlog_max_s, idle_requests=idle_requests, idle_s=idle_s,
-        worker_env=worker_env,
+        worker_env=worker_env, keep_topics=keep_topics,
     )  # fmt: skip
     run_modes(config, settings, bootstrap, keep_broker=keep_broker)

@@ -55,6 +55,7 @@ def modes_config(
     idle_requests: int | None,
     idle_s: float | None,
     worker_env: tuple[tuple[str, str], ...],
+    keep_topics: bool = False,
 ) -> BenchConfig:
     """The modes' run: :class:`BenchConfig`'s defaults (``quick``'s with --quick), each
     flag given (not None, ``loads`` not empty) in its field's place."""
@@ -73,6 +74,7 @@ def modes_config(
         "workers": workers,
         "fleet_realtime_workers": fleet_realtime_workers,
         "worker_env": worker_env,
+        "keep_topics": keep_topics,
     }
     if loads:
         changes["loads"] = loads
