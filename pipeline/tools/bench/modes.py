@@ -199,22 +199,24 @@ class Deployment:
 
     def stop(self) -> None:
         """Stop the workers and the collector; then delete the deployment's topics (its
-        prefix's, and Faust's, named after its app id) unless ``keep_topics``: a
-        broker that ran a few hundred benches held ~4,900 partitions and 8 GB of them."""
+        prefix's, and Faust's, named after each worker's app id: the fleets' split gives
+        each fleet its own) unless ``keep_topics``: a broker that ran a few hundred
+        benches held ~4,900 partitions and 8 GB of them."""
         for w in self.workers:
             w.stop()
         if self.collector is not None:
             self.collector.close()
         if self.keep_topics:
             return
-        prefixes = (self.env["PIPELINE_TOPICS_PREFIX"], self.env["PIPELINE_WORKER_APP_ID"] + "-")
+        app_ids = sorted({e["PIPELINE_WORKER_APP_ID"] + "-" for e in self.worker_envs})
+        prefixes = (self.env["PIPELINE_TOPICS_PREFIX"], *app_ids)
         try:
             delete_topics_named(self.settings, prefixes)
         except Exception as exc:  # the run's figures stand; say what was left behind
             from pipeline.tools.bench.phases import say  # (phases imports this module)
 
             say(f"{self.mode}: its topics were left on the broker ({type(exc).__name__}: {exc}); "
-                f"delete the topics named {prefixes[0]}* and {prefixes[1]}* by hand")  # fmt: skip
+                f"delete the topics named {'*, '.join(prefixes)}* by hand")  # fmt: skip
 
 
 def start_worker(app: str, env: Mapping[str, str], log_path: Path) -> WorkerProcess:
