@@ -15,7 +15,6 @@ letter exists (docs/design.md, delivery rules).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import gc
@@ -167,9 +166,10 @@ class _RuntimeHolder(Service):
         self.metrics_server: MetricsServer | None = None
         self.stalls: StallWatch | None = None
         self._recovery_watch: asyncio.Future[None] | None = None
-        self._recovery_stalls: collections.Counter[str] = collections.Counter()
         self.answer_producer: AnswerProducer | None = None
-        self.metrics = PipelineMetrics(process_collectors=False)
+        # One registry from the start: the recovery watch and the passed offsets count
+        # from the first assignment, before on_start serves them.
+        self.metrics = PipelineMetrics()
         self.ready = asyncio.Event()
         # Offsets the fetcher walked past without a record: holes the reader passes at once.
         self.passed = faust_edge.PassedOffsets(lane_of_topic)
@@ -195,12 +195,9 @@ class _RuntimeHolder(Service):
                 position=lambda tp: faust_edge.position(app.consumer, tp),
                 pass_end=lambda tp, low, high: faust_edge.pass_end(app.consumer, tp, low, high),
             ),
-            on_passed=self._offsets_passed,
+            on_passed=self.metrics.offsets_passed,
         )
         super().__init__()
-
-    def _offsets_passed(self, count: int, explained: bool) -> None:
-        self.metrics.offsets_passed(count, explained)  # self.metrics is replaced at start
 
     def on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The worker's event loop, known from the first assignment on."""
@@ -236,9 +233,6 @@ class _RuntimeHolder(Service):
         configure_logging(
             s.log, allow_payloads=s.worker.log_payloads, static={"app": s.worker.app_id}
         )
-        self.metrics = PipelineMetrics()
-        for action, count in self._recovery_stalls.items():  # the watch acted before start
-            self.metrics.recovery_stall(action, count)
         self.metrics_server = start_metrics_server(s.metrics, self.metrics)
         self.stalls = StallWatch(self.metrics)
         self.stalls.install()
@@ -354,7 +348,7 @@ class _RuntimeHolder(Service):
             consumer.seek_wait,
             lambda tp: faust_edge.position(consumer, tp),
             stall_s=self.settings.dedupe.recovery_stall_s,
-            on_action=self._recovery_stall,
+            on_action=self.metrics.recovery_stall,
         )
         while True:
             await asyncio.sleep(interval_s)
@@ -362,10 +356,6 @@ class _RuntimeHolder(Service):
                 await watch.check()
             except Exception:  # a watch that fails must not take the worker with it
                 log.exception("the watch on the stored results' recovery failed")
-
-    def _recovery_stall(self, action: str) -> None:
-        self._recovery_stalls[action] += 1  # counted again into the metrics made at start
-        self.metrics.recovery_stall(action)
 
     async def _sample_device(self) -> None:
         """Device telemetry and consumer lag, every ``metrics.sample_interval_s``."""
