@@ -21,9 +21,11 @@ from pipeline.settings import LogSettings, Settings
 
 @pytest.fixture
 def root() -> Iterator[tuple[logging.Logger, io.StringIO]]:
-    """A private logger tree (not the real root) with one stream handler."""
+    """A private logger tree (not the real root) with one stream handler, and only that
+    one: it propagates, because pytest attaches its capture handlers (shared by every
+    test of the session) to each logger that does not, and configure_logging would put
+    its RepeatFilter on them: later tests' caplog then lost repeated warnings."""
     logger = logging.getLogger("test_metrics_logs.root")
-    logger.propagate = False
     logger.setLevel(logging.INFO)
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
