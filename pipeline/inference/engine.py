@@ -142,6 +142,9 @@ class InferenceEngine:
         self._device_end: float | None = None  # perf_counter: the last forward's end
         self._batches = self._items = self._failures = self._calls = 0
         self._tokenize_ms: float | None = None
+        # A model process tokenizes a batch queued ahead after handing it back; its
+        # counts and tokenising time come with the forward (process.py).
+        self._counted_later = hasattr(model, "tokenized")
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -219,7 +222,8 @@ class InferenceEngine:
         return self._busy.fraction()
 
     def tokenize_ms(self) -> float | None:
-        """Moving average of the tokenizer stage's time per batch; ``None`` before the first."""
+        """Moving average of a batch's tokenising time (the model process's own, where
+        it tokenizes); ``None`` before the first."""
         return self._tokenize_ms
 
     @property
@@ -265,13 +269,13 @@ class InferenceEngine:
             except Exception as exc:  # the inference thread bisects to find the culprit
                 job.error = exc
             job.tokenize_ms = (time.perf_counter() - t0) * 1000.0
-            last = self._tokenize_ms
-            self._tokenize_ms = (
-                job.tokenize_ms
-                if last is None
-                else last + _TOKENIZE_ALPHA * (job.tokenize_ms - last)
-            )
+            if not self._counted_later:
+                self._note_tokenize(job.tokenize_ms)
             self._prepared.put(job)
+
+    def _note_tokenize(self, ms: float) -> None:
+        last = self._tokenize_ms
+        self._tokenize_ms = ms if last is None else last + _TOKENIZE_ALPHA * (ms - last)
 
     def _serve(self) -> None:
         while True:
@@ -342,8 +346,6 @@ class InferenceEngine:
             enc = self.model.tokenize(texts, pad_to=pad_to)
             tally.tokenize_ms += (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
-        tally.n_tokens += enc.n_tokens
-        tally.padded_tokens += enc.padded_tokens
         try:
             predictions = self.model.forward(enc)
         finally:
@@ -357,6 +359,15 @@ class InferenceEngine:
             if tally.calls == 1 and self._device_end is not None:
                 tally.idle_before_ms = max(0.0, began - self._device_end) * 1000.0
             self._device_end = ended
+        counted = getattr(self.model, "tokenized", None)
+        if counted is None:
+            tally.n_tokens += enc.n_tokens
+            tally.padded_tokens += enc.padded_tokens
+        else:
+            tally.n_tokens += counted[0]
+            tally.padded_tokens += counted[1]
+            tally.tokenize_ms += counted[2] * 1000.0
+            self._note_tokenize(counted[2] * 1000.0)
         if len(predictions) != len(texts):
             raise InferenceError(f"model returned {len(predictions)} results for {len(texts)}")
         return predictions

@@ -15,7 +15,10 @@ The child tokenizes on one thread (the engine's tokenizer stage asks) and
 keeps the prepared tensors; a batch the engine tokenized is queued for its
 forward at once, so the child runs forwards back to back on its main thread,
 and answers each with float32 bytes when it is done (the engine's inference
-thread waits for it by handle). The worker
+thread waits for it by handle). Such a batch is sent and not waited for: its
+counts come with its forward's answer, one message each way per batch (each
+wait in the worker's threads is a turn at the interpreter lock, which the
+busy event loop hands over only every switch interval). The worker
 keeps what it needs per request: the dedupe keys, built from the tokenizer's
 own description, which the child sends when it is ready.
 
@@ -90,6 +93,9 @@ class RemoteModel:
         self.queued_s = 0.0
         #: The last forward's (start, end) in the child, on the host's perf_counter clock.
         self.device_span: tuple[float, float] | None = None
+        #: The last forward's batch as the child tokenized it: (real tokens, padded
+        #: tokens, seconds tokenising). A batch queued ahead is counted only here.
+        self.tokenized: tuple[int, int, float] | None = None
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._tok: Connection | None = None
@@ -221,6 +227,19 @@ class RemoteModel:
             except ConfigurationError as exc:
                 raise ModelProcessError(f"the model process could not restart: {exc}") from exc
 
+    def _send(self, message: tuple[Any, ...]) -> int:
+        """Send ``message`` to the tokenizer without waiting; which child it went to."""
+        self._ensure()
+        with self._life:  # one child's pipe, process and number, together
+            conn, proc, gen = self._tok, self._proc, self._gen
+        try:
+            if conn is None:
+                raise EOFError
+            conn.send(message)
+        except (EOFError, OSError) as exc:
+            raise self._failed(proc, exc) from exc
+        return gen
+
     def _call(self, message: tuple[Any, ...]) -> tuple[Any, int]:
         """Send ``message`` to the tokenizer; its answer, and which child gave it."""
         self._ensure()
@@ -302,12 +321,18 @@ class RemoteModel:
     ) -> Encoded:
         """Tokenize in the child, which keeps the tensors for :meth:`forward`; ``ahead``:
         and queues the forward at once, behind those already queued (the engine forwards
-        what it tokenized, in order), so the device never waits for the worker."""
+        what it tokenized, in order), so the device never waits for the worker.
+
+        A batch queued ahead is sent without waiting for the child: its counts here are
+        0, and :attr:`tokenized` has them after its :meth:`forward`, which also raises
+        what tokenizing it raised. ``ahead=False`` waits and counts (``count_tokens``)."""
         handle = next(self._handles)
+        message = ("tok", handle, list(texts), pad_to, rows, ahead)
         with self._tok_lock:
-            (_ok, n_tokens, padded), gen = self._call(
-                ("tok", handle, list(texts), pad_to, rows, ahead)
-            )
+            if ahead:  # counted in the forward's answer: nothing to wait for here
+                gen, n_tokens, padded = self._send(message), 0, 0
+            else:
+                (_ok, n_tokens, padded), gen = self._call(message)
         if ahead:
             with self._ahead_lock:
                 self._ahead[handle] = gen
@@ -318,7 +343,7 @@ class RemoteModel:
     def forward(self, enc: Encoded) -> list[Prediction]:
         """Compute a batch :meth:`tokenize` prepared; one prediction per text."""
         assert enc.handle is not None
-        self.device_span = None
+        self.device_span = self.tokenized = None
         asked = time.perf_counter()
         with self._fwd_lock:
             with self._ahead_lock:
@@ -335,9 +360,10 @@ class RemoteModel:
                 raise ModelProcessError(
                     "the model process that prepared this batch has ended; prepare it again"
                 )
-            _ok, _handle, body, wall, wait, started = self._await(enc.handle)
+            _ok, _handle, body, wall, wait, started, counts = self._await(enc.handle)
         # perf_counter is the host's monotonic clock, the same in both processes.
         self.queued_s = max(0.0, started - asked)
+        self.tokenized = counts
         self.device_span = (started, started + wall)
         self.timing.add(wall, wait)
         if body[0] == "embed":

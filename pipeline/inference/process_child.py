@@ -9,7 +9,11 @@ batches that were not queued when they were tokenized. A batch tokenized
 "ahead" is queued for its forward the moment it is prepared, so the device
 goes from one batch to the next without waiting for the worker, whose
 interpreter lock the event loop wants (docs/design.md, "Forwards queued
-ahead"). The child exits when the worker's pipes close.
+ahead"). Such a batch gets no answer of its own on the tokenizer pipe: its
+counts, its tokenisation time, or why it could not be tokenised come with its
+forward's answer, so a batch costs the worker's threads one message each way
+(docs/design.md, "One message each way"). The child exits when the worker's
+pipes close.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ __all__ = ["PREPARED", "Ready"]
 #: Prepared batches the child keeps for the forwards to come (the engine prepares one
 #: ahead; a batch never forwarded, its caller gone, is dropped past this).
 PREPARED = 8
+
+
+#: A batch as the child keeps it: the tensors and the seconds tokenising took, or why
+#: it could not be tokenized.
+Prepared = tuple[Encoded, float] | Exception
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,15 +97,15 @@ class _Batches:
     asks for by handle; ``None`` once the worker is gone."""
 
     def __init__(self) -> None:
-        self._prepared: collections.OrderedDict[int, Encoded] = collections.OrderedDict()
+        self._prepared: collections.OrderedDict[int, Prepared] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._runs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
-    def keep(self, handle: int, enc: Encoded, *, ahead: bool) -> None:
+    def keep(self, handle: int, prepared: Prepared, *, ahead: bool) -> None:
         """Keep a prepared batch (the oldest beyond :data:`PREPARED` are dropped: their
         callers are gone); ``ahead``: queue its forward now."""
         with self._lock:
-            self._prepared[handle] = enc
+            self._prepared[handle] = prepared
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)
         if ahead:
@@ -106,7 +115,7 @@ class _Batches:
         """Queue the forward of ``handle`` (None: the worker is gone; stop)."""
         self._runs.put(handle)
 
-    def next(self) -> tuple[int, Encoded | None] | None:
+    def next(self) -> tuple[int, Prepared | None] | None:
         """The next forward to run and its batch (None where it is not prepared here);
         None once the worker is gone."""
         handle = self._runs.get()
@@ -121,18 +130,25 @@ def _error(exc: BaseException) -> tuple[str, str, str]:
 
 
 def _serve_tokenize(model: Any, conn: Connection, batches: _Batches) -> None:
+    """Tokenize each batch the worker sends; answer only those not queued ahead (a batch
+    queued ahead is answered, counts and all, with its forward)."""
     while True:
         try:
             _op, handle, texts, pad_to, rows, ahead = conn.recv()
         except (EOFError, OSError):
             return
+        t0 = time.perf_counter()
         try:
             enc = model.tokenize(texts, pad_to=pad_to, rows=rows)
         except Exception as exc:
-            conn.send(_error(exc))
+            if ahead:  # its forward answers with the error
+                batches.keep(handle, exc, ahead=True)
+            else:
+                conn.send(_error(exc))
             continue
-        batches.keep(handle, enc, ahead=ahead)
-        conn.send(("ok", enc.n_tokens, enc.padded_tokens))
+        batches.keep(handle, (enc, time.perf_counter() - t0), ahead=ahead)
+        if not ahead:
+            conn.send(("ok", enc.n_tokens, enc.padded_tokens))
 
 
 def _read_forwards(conn: Connection, batches: _Batches) -> None:
@@ -151,10 +167,14 @@ def _serve_forward(model: Any, conn: Connection, batches: _Batches) -> None:
     """Run the forwards in order, each answered by its handle as soon as it is done: the
     device goes from one batch to the next without waiting for the worker."""
     while (run := batches.next()) is not None:
-        handle, enc = run
-        if enc is None:
+        handle, prepared = run
+        if prepared is None:
             conn.send(("err", handle, "InferenceError", f"batch {handle} is not prepared here"))
             continue
+        if isinstance(prepared, Exception):  # could not be tokenized
+            conn.send(("err", handle, type(prepared).__name__, str(prepared)))
+            continue
+        enc, tokenize_s = prepared
         try:
             t0 = time.perf_counter()
             before = model.timing.totals()[2]
@@ -169,8 +189,9 @@ def _serve_forward(model: Any, conn: Connection, batches: _Batches) -> None:
             body: Any = ("embed", b"".join(p.embedding for p in preds), len(preds))
         else:
             body = ("labels", [(p.label, p.score) for p in preds])
+        counts = (enc.n_tokens, enc.padded_tokens, tokenize_s)
         try:
-            conn.send(("ok", handle, body, wall, wait, t0))
+            conn.send(("ok", handle, body, wall, wait, t0, counts))
         except (EOFError, OSError):
             return
 

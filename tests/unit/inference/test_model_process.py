@@ -110,6 +110,42 @@ def test_a_batch_counted_but_not_queued_is_forwarded_when_asked(remote: RemoteMo
     assert remote.timing.totals()[0] == 1
 
 
+def test_a_batch_queued_ahead_is_counted_with_its_forward(
+    tiny_dir: Path, remote: RemoteModel
+) -> None:
+    """Sent without waiting (one message each way per batch): its counts come with its
+    answer, the same as the model in this process counts, and the engine reports them."""
+    local = load_model(ModelSettings(path=str(tiny_dir), process="off"))
+    assert isinstance(local, Model)
+    want = local.tokenize(TEXTS)
+    enc = remote.tokenize(TEXTS)
+    assert enc.n_tokens == 0 and remote.tokenized is None
+    remote.forward(enc)
+    assert remote.tokenized is not None
+    n_tokens, padded, seconds = remote.tokenized
+    assert (n_tokens, padded) == (want.n_tokens, want.padded_tokens) and seconds > 0
+    engine = InferenceEngine(remote)
+    engine.start()
+    try:
+        outcome = asyncio.run(engine.run(TEXTS))
+    finally:
+        engine.stop(10)
+    assert (outcome.n_tokens, outcome.padded_tokens) == (want.n_tokens, want.padded_tokens)
+    # The handover's lead learns the child's tokenising time, not the send's.
+    assert remote.tokenized is not None
+    assert engine.tokenize_ms() == pytest.approx(remote.tokenized[2] * 1000)
+
+
+def test_a_batch_that_cannot_be_tokenized_ahead_fails_its_forward(remote: RemoteModel) -> None:
+    """What tokenizing a batch sent ahead raised, its forward raises; the child lives on."""
+    pid = remote.pid
+    enc = remote.tokenize([TEXTS[0], 42])  # type: ignore[list-item]
+    with pytest.raises(InferenceError, match="TypeError"):
+        remote.forward(enc)
+    assert remote.pid == pid
+    assert len(_predict(remote, TEXTS)) == len(TEXTS)
+
+
 def _dead(pid: int) -> None:
     """Wait until the killed child ``pid`` is gone (a zombie until the worker reaps it)."""
     for _ in range(200):
@@ -130,8 +166,10 @@ def test_a_batch_queued_in_a_process_that_died_fails_at_once(remote: RemoteModel
     stale = remote.tokenize(TEXTS)
     os.kill(first, signal.SIGKILL)
     _dead(first)
-    with contextlib.suppress(InferenceError):  # finds it dead, or its pipe closes
-        remote.tokenize(TEXTS)
+    # Finds it dead, or its pipe closes: at the send, or (a batch sent ahead to a child
+    # whose last threads are still exiting) when its answer never comes.
+    with contextlib.suppress(InferenceError):
+        remote.forward(remote.tokenize(TEXTS))
     fresh = remote.tokenize(TEXTS)  # in the child started again
     assert remote.pid not in (None, first)
     with pytest.raises(ModelProcessError, match="has ended"):
