@@ -155,6 +155,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=repr, ensure_ascii=False)
 
 
+class Tally:
+    """Counts events of one kind and says when to log them: the first at once, then at
+    most one summary line per ``window_s`` with the count since the last line.
+
+    For events that come in floods and are each recorded elsewhere (an expired
+    request's dead letter is in the dead-letter topic and the dead-letter metric):
+    one INFO line per event cost a worker about 3 µs a request under overload
+    (docs/design.md, "Floods summarised in the log"). ``clock`` is injectable.
+    """
+
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.window_s, self._clock = window_s, clock
+        self._logged_at: float | None = None
+        self._counts: dict[str, int] = {}
+
+    def add(self, kind: str) -> dict[str, int] | None:
+        """Count one ``kind``; the counts to log now (then reset), or None."""
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < self.window_s:
+            return None
+        self._logged_at = now
+        counts, self._counts = self._counts, {}
+        return counts
+
+
 def configure_logging(
     settings: LogSettings,
     *,

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.codecs.avro import result_codec
 from pipeline.errors import AnswerPathFailure, PermanentError, PublishRejected, stage_of
+from pipeline.observability.logs import Tally
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.settings import Settings
 from pipeline.worker.events import Acked, Answered, Emit, Recompute, Unstored
@@ -33,6 +34,9 @@ from pipeline.worker.repeats import Known
 __all__ = ["Answers"]
 
 log = logging.getLogger(__name__)
+
+#: At most one log line per this many seconds for expired requests' dead letters.
+EXPIRED_LOG_S = 10.0
 
 AckFn = Callable[[Any], Awaitable[None]]
 
@@ -64,6 +68,7 @@ class Answers:
         self._model = (settings.model.display_name, settings.model.version)
         #: Stored results found, waiting for the task that serves them (:meth:`known`).
         self._stored: list[tuple[Work, bytes]] = []
+        self._expired = Tally(EXPIRED_LOG_S)
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
@@ -262,22 +267,35 @@ class Answers:
         self.metrics.dead_letter(stage, incoming.lane)
         if stage == "expired":
             self._emit(Answered(incoming.lane, self._clock_ms(), late=True))
-        log.info(
-            "dead letter: %s[%d]@%d stage=%s %s",
-            origin.topic,
-            origin.partition,
-            origin.offset,
-            stage,
-            type(error).__name__,
-            extra={
-                "stage": stage,
-                "error_class": type(error).__name__,
-                "topic": origin.topic,
-                "partition": origin.partition,
-                "offset": origin.offset,
-                "request_id": request_id,
-            },
-        )
+            # A flood under overload: one line per window, each letter at DEBUG.
+            counts = self._expired.add(incoming.lane)
+            if counts is not None:
+                log.info(
+                    "dead letters: %d expired requests (%s) since the last such line; "
+                    "each is in the dead-letter topic",
+                    sum(counts.values()),
+                    ", ".join(f"{lane} {n}" for lane, n in sorted(counts.items())),
+                    extra={"stage": stage, "expired": counts},
+                )
+        level = logging.DEBUG if stage == "expired" else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "dead letter: %s[%d]@%d stage=%s %s",
+                origin.topic,
+                origin.partition,
+                origin.offset,
+                stage,
+                type(error).__name__,
+                extra={
+                    "stage": stage,
+                    "error_class": type(error).__name__,
+                    "topic": origin.topic,
+                    "partition": origin.partition,
+                    "offset": origin.offset,
+                    "request_id": request_id,
+                },
+            )
         await self._release(incoming)
 
     async def _answered(self, incoming: Incoming, request: Request, served: str) -> None:

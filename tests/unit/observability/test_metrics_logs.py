@@ -14,6 +14,7 @@ from pipeline.observability.logs import (
     JsonFormatter,
     PayloadFilter,
     RepeatFilter,
+    Tally,
     configure_logging,
 )
 from pipeline.settings import LogSettings, Settings
@@ -145,6 +146,20 @@ def test_repeated_warnings_are_held_back_and_counted() -> None:
     later = record(logging.ERROR, "Unable connect to node with id %s", 7)
     assert repeat.filter(later)
     assert later.getMessage() == "Unable connect to node with id 7 (48 like this held back)"
+
+
+def test_a_tally_logs_the_first_at_once_then_one_summary_per_window() -> None:
+    now = [0.0]
+    tally = Tally(window_s=10.0, clock=lambda: now[0])
+    assert tally.add("realtime") == {"realtime": 1}
+    now[0] = 4.0
+    assert [tally.add(lane) for lane in ("realtime", "bulk", "realtime")] == [None] * 3
+    now[0] = 9.9
+    assert tally.add("bulk") is None  # within 10 s of the last line
+    now[0] = 10.5
+    assert tally.add("realtime") == {"realtime": 3, "bulk": 2}
+    now[0] = 30.0
+    assert tally.add("standard") == {"standard": 1}
 
 
 def test_configure_logging_installs_the_repeat_filter_once(
