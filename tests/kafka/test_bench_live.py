@@ -67,6 +67,9 @@ def test_quick_bench_answers_everything_and_writes_the_report(
         for p in mode["phases"]:
             assert p["unanswered"] == 0 and p["answered"] == p["sent"], (mode["mode"], p)
             assert {"throughput", "latency_ms", "served", "cpu_util", "peak_rss_bytes"} <= set(p)
+            if p["phase"] == "saturate":  # the model process's cores: adaptive has one
+                has_model = mode["mode"] == "adaptive"
+                assert (p["model_cpu_util"] is not None) == has_model, (mode["mode"], p)
             assert set(p["latency_ms"]) == {"realtime", "standard", "bulk", "all"}
     table = (out / "bench.md").read_text()
     assert "| noop | saturate |" in table and "| target | measured |" in table

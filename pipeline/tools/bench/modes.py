@@ -164,17 +164,32 @@ class Deployment:
         peaks = [p for p in (probe.peak_rss_bytes() for probe in self.probes) if p]
         return max(peaks) if peaks else None
 
+    def _model_probes(self) -> list[ProcProbe]:
+        """Each worker's model process running now (its child ``python -m
+        pipeline.inference.process_child``)."""
+        return [
+            child
+            for probe in self.probes
+            for child in map(ProcProbe, probe.children())
+            if "pipeline.inference.process_child" in child.cmdline()
+        ]
+
     def model_peak_rss_bytes(self) -> int | None:
-        """The largest peak resident memory of one worker's model process (its child
-        ``python -m pipeline.inference.process_child``, the one running now); None when no
-        worker has one (the model on the worker's own thread, or the no-op model)."""
-        peaks = []
-        for probe in self.probes:
-            for pid in probe.children():
-                child = ProcProbe(pid)
-                if "pipeline.inference.process_child" in child.cmdline():
-                    peaks.append(child.peak_rss_bytes() or 0)
+        """The largest peak resident memory of one worker's model process (the one
+        running now); None when no worker has one (the model on the worker's own
+        thread, or the no-op model)."""
+        peaks = [child.peak_rss_bytes() or 0 for child in self._model_probes()]
         return (max(peaks) or None) if peaks else None
+
+    def model_cpu_s(self) -> tuple[frozenset[int], float] | None:
+        """The model processes running now and their CPU seconds together; None when
+        there are none. A phase compares two readings only when the pids are the same
+        (a restarted process starts its count again)."""
+        children = self._model_probes()
+        readings = [child.cpu_s() for child in children]
+        if not children or None in readings:
+            return None
+        return frozenset(c.pid for c in children), sum(r or 0.0 for r in readings)
 
     def device_busy_s(self) -> float | None:
         """The simulated device's busy seconds so far (all processes on it); None

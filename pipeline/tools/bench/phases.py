@@ -138,6 +138,7 @@ def _play(
     if sampler is not None:
         sampler.phase = name
     before, cpu0, busy0, t0 = dep.scrape(), dep.cpu_s(), dep.device_busy_s(), time.monotonic()
+    model0 = dep.model_cpu_s()
     bar = tqdm(
         total=len(workload), desc=f"{dep.mode}/{name}", unit=" ans", file=sys.stderr, disable=None
     )
@@ -171,7 +172,7 @@ def _play(
         stop.set()
         sender.join(60)
     bar.close()
-    after, cpu1, busy1 = dep.scrape(), dep.cpu_s(), dep.device_busy_s()
+    after, cpu1, busy1, model1 = dep.scrape(), dep.cpu_s(), dep.device_busy_s(), dep.model_cpu_s()
     wall = time.monotonic() - t0
     if sampler is not None:
         sampler.phase = ""
@@ -189,6 +190,12 @@ def _play(
         **model_stats(before, settled),
         "tokenize_share": None,
         "cpu_util": (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else None,
+        # The model processes' cores beside the workers' (the same processes throughout).
+        "model_cpu_util": (
+            (model1[1] - model0[1]) / wall
+            if model0 is not None and model1 is not None and model0[0] == model1[0]
+            else None
+        ),
         "peak_rss_bytes": dep.peak_rss_bytes(),
         "model_peak_rss_bytes": dep.model_peak_rss_bytes(),
         "gpu_util": gpu,

@@ -58,6 +58,7 @@ def _rows(report: dict[str, Any]) -> list[str]:
             )
             expired = sum((p.get("expired") or {}).values()) if "expired" in p else None
             rss, model_rss = p.get("peak_rss_bytes"), p.get("model_peak_rss_bytes")
+            model_cpu = p.get("model_cpu_util")
             busy = p.get("gpu_util") if p.get("gpu_util") is not None else p.get("device_busy")
             rows.append(
                 "| "
@@ -78,7 +79,8 @@ def _rows(report: dict[str, Any]) -> list[str]:
                         _fmt(p.get("padding_ratio"), 2),
                         _fmt(p.get("tokenize_share"), 3),
                         dedupe if "served" in p else "–",
-                        _fmt(p.get("cpu_util"), 2),
+                        _fmt(p.get("cpu_util"), 2)
+                        + (f" + {model_cpu:.2f}" if model_cpu is not None else ""),
                         _fmt(rss / 2**20 if rss else None)
                         + (f" + {model_rss / 2**20:.0f}" if model_rss else ""),
                         _fmt(busy, 2),
@@ -152,7 +154,8 @@ def markdown(report: dict[str, Any]) -> str:
     head = (
         "| mode | phase | offered/s | answered | throughput/s | realtime p50/p95/p99 ms "
         "| standard p50/p99 ms | bulk p50/p99 ms | missed | expired | batch | tokens/batch "
-        "| padding | tokenize | dedupe b/i/s | CPU (cores) | peak RSS MiB (worker + model) "
+        "| padding | tokenize | dedupe b/i/s | CPU (cores, worker + model) "
+        "| peak RSS MiB (worker + model) "
         "| device busy |"
     )
     lines = [head, "|" + "---|" * 18, *_rows(report), ""]

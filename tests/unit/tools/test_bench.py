@@ -517,8 +517,9 @@ def _feed_report(device: str | None, profile: str = "eager") -> dict[str, object
                 sweep={"2048": 4000.0, "4096": 5000.0}, single=300.0, device="sim",
                 dtype="sim-eager")  # fmt: skip
     rss = {"peak_rss_bytes": 2**29, "model_peak_rss_bytes": 2**28}
+    cpu = {"cpu_util": 0.85, "model_cpu_util": 0.3}
     adaptive = [
-        phase("saturate", 2000.0, model_forward_s=4.0, model_lock_wait_s=1.0, **rss),
+        phase("saturate", 2000.0, model_forward_s=4.0, model_lock_wait_s=1.0, **rss, **cpu),
         phase("load-80", 1500.0, model_forward_s=100.0, model_lock_wait_s=100.0),  # not saturated
         phase("dup-0", 2400.0, model_forward_s=4.0, model_lock_wait_s=0.5),
         phase(
@@ -545,6 +546,15 @@ def _feed_report(device: str | None, profile: str = "eager") -> dict[str, object
             "noop": {"mode": "noop", "phases": [phase("saturate", 3000.0)]},
         },
     }
+
+
+def test_the_table_shows_the_model_process_cores_beside_the_workers() -> None:
+    from pipeline.tools.bench.report import markdown
+
+    table = markdown(_feed_report("sim", "graphed"))
+    assert "| 0.85 + 0.30 | 512 + 256 |" in table  # adaptive, saturated: both processes
+    noop = next(line for line in table.splitlines() if line.startswith("| noop | saturate |"))
+    assert "+" not in noop  # no model process: nothing beside the worker
 
 
 def test_feed_divides_what_it_says_over_the_phases_it_says() -> None:
