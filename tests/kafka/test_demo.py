@@ -46,5 +46,8 @@ def test_run_demo_answers_every_sample_and_stops_what_it_started(tmp_path: Path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "all 12 requests answered" in done.stdout, done.stdout
     assert "stopping the worker" in done.stderr and "stopping the local broker" in done.stderr
+    worker_log = (tmp_path / "worker.demo.log").read_text()
+    assert "start-up objects frozen, young generation every 100000" in worker_log
+    assert "switch interval 1 ms" in worker_log  # app.SWITCH_INTERVAL_S, once serving
     broker = LocalKafka(Settings.from_env(env).local_kafka)
     assert broker.status()["running"] is False, "the demo left its broker running"
