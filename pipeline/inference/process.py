@@ -229,19 +229,18 @@ class RemoteModel:
 
     def _send(self, message: tuple[Any, ...]) -> int:
         """Send ``message`` to the tokenizer without waiting; which child it went to."""
-        self._ensure()
-        with self._life:  # one child's pipe, process and number, together
-            conn, proc, gen = self._tok, self._proc, self._gen
-        try:
-            if conn is None:
-                raise EOFError
-            conn.send(message)
-        except (EOFError, OSError) as exc:
-            raise self._failed(proc, exc) from exc
-        return gen
+        return self._exchange(message, answer=False)[1]
 
     def _call(self, message: tuple[Any, ...]) -> tuple[Any, int]:
         """Send ``message`` to the tokenizer; its answer, and which child gave it."""
+        reply, gen = self._exchange(message, answer=True)
+        if reply[0] == "err":
+            raise InferenceError(f"{reply[1]}: {reply[2]}")
+        return reply, gen
+
+    def _exchange(self, message: tuple[Any, ...], *, answer: bool) -> tuple[Any, int]:
+        """Send ``message`` to the tokenizer, and with ``answer`` wait for its reply; the
+        reply (None without ``answer``) and which child it went to."""
         self._ensure()
         with self._life:  # one child's pipe, process and number, together
             conn, proc, gen = self._tok, self._proc, self._gen
@@ -249,14 +248,13 @@ class RemoteModel:
             if conn is None:
                 raise EOFError
             conn.send(message)
+            if not answer:
+                return None, gen
             if not conn.poll(self.settings.process_timeout_s):
                 raise TimeoutError
-            reply = conn.recv()
+            return conn.recv(), gen
         except (EOFError, OSError, TimeoutError) as exc:
             raise self._failed(proc, exc) from exc
-        if reply[0] == "err":
-            raise InferenceError(f"{reply[1]}: {reply[2]}")
-        return reply, gen
 
     def _await(self, handle: int) -> tuple[Any, ...]:
         """The forward of ``handle``'s answer; answers to others that come first are kept
