@@ -12,10 +12,12 @@ No Faust, no Kafka: the scheduler and the shedding policy are injected.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from pipeline.observability.logs import Tally
 from pipeline.observability.metrics import PipelineMetrics
 from pipeline.scheduling import Queued, Scheduler
 from pipeline.settings import LANES
@@ -24,11 +26,17 @@ __all__ = ["LaneGates"]
 
 log = logging.getLogger(__name__)
 
+#: At most one log line per this many seconds for each lane's pauses at its queue's
+#: bound, and one for its resumes: under a backlog they alternate every few ms (the
+#: bound is the backpressure working), and ``pipeline_lane_paused`` has every one.
+FLOW_LOG_S = 10.0
+
 T = TypeVar("T", bound=Queued)
 
 
 class LaneGates(Generic[T]):
-    """Pauses and parked work per lane (see the module's promise)."""
+    """Pauses and parked work per lane (see the module's promise); ``clock`` (seconds)
+    paces the log lines of pauses at a queue's bound (:data:`FLOW_LOG_S`)."""
 
     def __init__(
         self,
@@ -37,6 +45,7 @@ class LaneGates(Generic[T]):
         *,
         shed_lanes: Callable[[], frozenset[str] | set[str]],
         on_room: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scheduler = scheduler
         self.metrics = metrics
@@ -46,6 +55,11 @@ class LaneGates(Generic[T]):
         self.paused: set[str] = set()  # lanes paused now, for any reason: take none
         # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
         self._parked: dict[str, deque[T]] = {lane: deque() for lane in LANES}
+        self._flow_log = {
+            (event, lane): Tally(FLOW_LOG_S, clock)
+            for event in ("paused", "resumed")
+            for lane in LANES
+        }
 
     def open(self, lane: str) -> bool:
         """Whether ``lane`` takes records now (not paused, nothing parked)."""
@@ -72,17 +86,30 @@ class LaneGates(Generic[T]):
             if lane in want and lane not in self.paused:
                 self.paused.add(lane)
                 self.metrics.paused(lane, True)
-                why = "queue at its bound" if lane in self._queue_paused else "load shedding"
-                log.info("lane %s paused: %s (%d queued)", lane, why, self.scheduler.depth(lane))
+                depth = self.scheduler.depth(lane)
+                if lane not in self._queue_paused:
+                    log.info("lane %s paused: load shedding (%d queued)", lane, depth)
+                elif (times := self._flow_times("paused", lane)) is not None:
+                    log.info("lane %s paused: queue at its bound (%d queued)%s", lane, depth, times)
         resumed = False
         for lane in LANES:
             if lane not in want and lane in self.paused:
                 self.paused.discard(lane)
                 self.metrics.paused(lane, False)
-                log.info("lane %s resumed", lane)
+                if (times := self._flow_times("resumed", lane)) is not None:
+                    log.info("lane %s resumed%s", lane, times)
                 resumed = True
         if resumed:
             self.room_freed()
+
+    def _flow_times(self, event: str, lane: str) -> str | None:
+        """None when this pause or resume goes unlogged (see :data:`FLOW_LOG_S`), else
+        what to add to its line: how many there were since the last one logged."""
+        counts = self._flow_log[(event, lane)].add(lane)
+        if counts is None:
+            return None
+        n = counts[lane]
+        return "" if n == 1 else f" ({n} times since the last such line)"
 
     def _unpark(self) -> None:
         for parked in self._parked.values():

@@ -7,7 +7,11 @@ The scheduler is the real one with small queues; the shedding policy is a set.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
+from collections.abc import Callable
 
+import pytest
 from support.scheduling import Item
 
 from pipeline.observability.metrics import PipelineMetrics
@@ -16,7 +20,9 @@ from pipeline.settings import SchedulerSettings
 from pipeline.worker.gates import LaneGates
 
 
-def _gates(queue_size: int = 2) -> tuple[LaneGates[Item], set[str], list[str]]:
+def _gates(
+    queue_size: int = 2, clock: Callable[[], float] = time.monotonic
+) -> tuple[LaneGates[Item], set[str], list[str]]:
     settings = dataclasses.replace(SchedulerSettings(), queue_size=queue_size)
     scheduler: Scheduler[Item] = Scheduler(
         settings, expires=lambda lane: False, controller=Controller(settings, slo_ms=200)
@@ -28,6 +34,7 @@ def _gates(queue_size: int = 2) -> tuple[LaneGates[Item], set[str], list[str]]:
         PipelineMetrics(process_collectors=False),
         shed_lanes=lambda: shed,
         on_room=lambda: woken.append("room"),
+        clock=clock,
     )
     return gates, shed, woken
 
@@ -68,3 +75,38 @@ def test_giving_up_takes_the_parked_work_out() -> None:
         gates.offer(_item(name, "standard"))
     assert [it.payload for it in gates.give_up()] == ["s1", "s2"]
     assert gates.give_up() == []
+
+
+def test_pauses_at_the_bound_log_the_first_then_one_line_per_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under a backlog a lane pauses at its bound and resumes every few ms: the first of
+    each is logged, then one line per FLOW_LOG_S (10 s) says how many there were."""
+    now = [0.0]
+    gates, _shed, _woken = _gates(queue_size=2, clock=lambda: now[0])
+    queues = gates.scheduler.queues
+
+    def cycle(at: float) -> None:
+        now[0] = at
+        for name in ("a", "b", "c"):
+            gates.offer(_item(name, "bulk"))
+        assert not gates.open("bulk")
+        queues.remove(list(queues.entries("bulk")))
+        gates.apply()
+        queues.remove(list(queues.entries("bulk")))
+        gates.apply()
+        assert gates.open("bulk")
+
+    with caplog.at_level(logging.INFO, logger="pipeline.worker.gates"):
+        for at in (0.0, 1.0, 2.0, 3.0, 4.0):
+            cycle(at)
+        assert caplog.messages == [
+            "lane bulk paused: queue at its bound (2 queued)",
+            "lane bulk resumed",
+        ]
+        caplog.clear()
+        cycle(10.5)
+    assert caplog.messages == [
+        "lane bulk paused: queue at its bound (2 queued) (5 times since the last such line)",
+        "lane bulk resumed (5 times since the last such line)",
+    ]
