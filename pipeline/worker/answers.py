@@ -271,7 +271,7 @@ class Answers:
             counts = self._expired.add(incoming.lane)
             if counts is not None:
                 log.info(
-                    "dead letters: %d expired requests (%s) since the last such line; "
+                    "expired requests dead-lettered: %d (%s) since the last such line; "
                     "each is in the dead-letter topic",
                     sum(counts.values()),
                     ", ".join(f"{lane} {n}" for lane, n in sorted(counts.items())),

@@ -108,6 +108,10 @@ def test_overload_sheds_in_order_and_recovers(kafka_bootstrap: str, tmp_path: Pa
         lines = _shed_lines(worker.log())
     assert all(a.record["stage"] == "expired" for a in answers)
     assert _levels("\n".join(lines)) == [1, 2, 3, 2, 1, 0], lines
+    # Counted in the log, not a line each (the first at once, then one per 10 s).
+    log = worker.log()
+    assert "expired requests dead-lettered: 1 (realtime 1) since the last such line" in log
+    assert log.count("dead letter: ") == 0 and log.count("dead-lettered: ") < sent
 
 
 def _shed_lines(log: str) -> list[str]:
