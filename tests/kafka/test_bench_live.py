@@ -113,10 +113,10 @@ def test_quick_bench_on_the_simulated_device_reports_the_feed(
     feed = report["feed"]
     assert feed["device"] == "sim" and feed["sim_profile"] == "graphed"
     assert feed["F"] > 0 and feed["F_base"] in ("raw", "noop")
-    # noop's term is its own 0 % repeats phase, like adaptive's numerator
+    # F0 (context): over noop's own 0 % repeats phase, adaptive's dup-0 texts
     noop_unique = [p for p in report["modes"]["noop"]["phases"] if p["phase"] == "dup-0"]
-    assert feed["noop"] == noop_unique[0]["throughput"] and feed["noop_repeats"] is False
-    assert noop_unique[0]["served"].get("stored", 0) == 0 and feed["F_saturate"] > 0
+    assert feed["noop_unique"] == noop_unique[0]["throughput"] and feed["F0"] > 0
+    assert noop_unique[0]["served"].get("stored", 0) == 0
     assert feed["model_forward_s"] > 0 and 0 <= feed["G"] <= 1
     assert 0 < feed["U"] <= 1 and feed["U_source"] == "simulated device's counter"
     assert feed["backlog_batch"] >= 1 and feed["raw_best_batch"] == raw["best_batch_size"]
@@ -125,9 +125,7 @@ def test_quick_bench_on_the_simulated_device_reports_the_feed(
     assert feed["worker_rss_gib"] > 0 and feed["model_rss_gib"] > 0
     assert feed["st"] is None
     names = {t["target"] for t in report["targets"]}
-    assert (
-        "F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop at 0 % repeats)" in names
-    )
+    assert "F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop)" in names
     table = (out / "bench.md").read_text()
     assert "Feed (sim, graphed profile): F = " in table and "U = " in table
     assert "sentence-transformers' encode: n/a on the simulated device" in table

@@ -1,13 +1,15 @@
 """How well the pipeline feeds the device, from one run's report (pure).
 
 - **F**: adaptive's saturated throughput without repeats (its ``dup-0`` phase)
-  over min(raw, noop without repeats): the pipeline against the slower of the
-  model alone and the pipeline alone, all three on new texts only (raw computes
-  every text; noop's ``dup-0`` phase has the same texts as adaptive's). 1.0: the
-  pipeline adds nothing to its own limit. A report without noop's ``dup-0``
-  (older runs) uses noop's saturation phase, whose repeats (``--dup-rate``, a
-  fifth by default) are served from the store, and says so; ``F_saturate`` is that
-  reading in any report, for comparison with runs made before.
+  over min(raw, noop): the pipeline against the slower of the model alone and
+  the pipeline alone. 1.0: the pipeline adds nothing to its own limit. noop's
+  term is its saturation phase, as the issue defines F, whose repeats
+  (``--dup-rate``, a fifth by default) the store answers without a batch.
+- **F0** (context, not a target): the same over min(raw, noop's ``dup-0``), noop
+  on adaptive's new texts only. It is no ceiling: noop's model is not an
+  accelerator, so its batches are a CPU's (32 texts, one at a time), and with
+  no repeats to answer from the store it ran below adaptive on the graphed
+  profile (F0 0.82-1.07 where F was 0.78-0.87).
 - **G**: of the model side's forward time over adaptive's saturated phases
   (:data:`SATURATED`), the share its thread spent waiting for the interpreter
   lock (``pipeline_model_lock_wait_seconds`` over
@@ -72,11 +74,10 @@ def feed(report: dict[str, Any]) -> dict[str, Any]:
     st = _phase(report, "st", "saturate")
     unique = _get(_phase(report, "adaptive", "dup-0"), "throughput")
     raw_t = _get(raw, "throughput")
-    noop_sat = _get(_phase(report, "noop", "saturate"), "throughput")
+    noop_t = _get(_phase(report, "noop", "saturate"), "throughput")
     noop_unique = _get(_phase(report, "noop", "dup-0"), "throughput")
-    noop_t = noop_sat if noop_unique is None else noop_unique
     base = None if raw_t is None or noop_t is None else min(raw_t, noop_t)
-    base_sat = None if raw_t is None or noop_sat is None else min(raw_t, noop_sat)
+    base0 = None if raw_t is None or noop_unique is None else min(raw_t, noop_unique)
     forward = wait = 0.0
     for name in SATURATED:
         p = _phase(report, "adaptive", name)
@@ -96,9 +97,8 @@ def feed(report: dict[str, Any]) -> dict[str, Any]:
         "adaptive_unique": unique,
         "raw": raw_t,
         "noop": noop_t,
-        "noop_repeats": noop_unique is None,  # noop's term had the saturation workload's repeats
-        "noop_saturate": noop_sat,
-        "F_saturate": _ratio(unique, base_sat),
+        "noop_unique": noop_unique,
+        "F0": _ratio(unique, base0),
         "G": wait / forward if device == "sim" and forward else None,
         "model_forward_s": forward,
         "model_lock_wait_s": wait if device == "sim" else None,
@@ -148,12 +148,11 @@ def feed_lines(report: dict[str, Any]) -> list[str]:
         ]
     if "adaptive" in report["modes"]:
         where = f"sim, {f['sim_profile']} profile" if f["sim_profile"] else f["device"]
-        basis = "with its repeats" if f["noop_repeats"] else "at 0 % repeats"
-        base = f"min(raw {_n(f['raw'])}/s, noop {basis} {_n(f['noop'])}/s)"
-        if not f["noop_repeats"] and f["F_saturate"] is not None:
+        base = f"min(raw {_n(f['raw'])}/s, noop {_n(f['noop'])}/s)"
+        if f["F0"] is not None:
             base += (
-                f" (F over noop's saturation workload, {_n(f['noop_saturate'])}/s with its "
-                f"repeats served from the store: {_n(f['F_saturate'], 2)})"
+                f" (F0 = {_n(f['F0'], 2)} over noop at 0 % repeats, {_n(f['noop_unique'])}/s:"
+                " context, not a target)"
             )
         g = (
             f"G = {_n(f['G'], 2)} of the model's forward time waiting for the interpreter "

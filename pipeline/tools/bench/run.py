@@ -174,9 +174,8 @@ def _worker_mode(
                 time.sleep(config.idle_s)
                 phases.append(backlog(dep, config=config, seed=config.seed + 40, sampler=sampler))
         if mode == "noop":
-            # F's host-path term, like for like with adaptive's dup-0 (same seed): on the
-            # saturation workload a fifth of noop's requests are repeats served from the
-            # store, which a 0 % repeats phase never has (feed.py).
+            # adaptive's dup-0 texts (same seed), for F0 (feed.py): on the saturation
+            # workload a fifth of noop's requests are repeats the store answers.
             dup_spec = WorkloadSpec(n=config.noop_requests, seed=config.seed + 10, dup_rate=0.0)
             phases.append(run_phase(dep, "dup-0", dup_spec, config=config))
         if mode == "noop" and config.idle_requests:

@@ -82,7 +82,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         ),
         _target(
-            f"F ({where}): adaptive at 0 % repeats / min(raw, noop at 0 % repeats)",
+            f"F ({where}): adaptive at 0 % repeats / min(raw, noop)",
             f["F"],
             F_GOALS.get(f["sim_profile"] or ""),
             "x",

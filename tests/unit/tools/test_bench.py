@@ -581,31 +581,27 @@ def test_feed_divides_what_it_says_over_the_phases_it_says() -> None:
     assert feed(report)["F"] is None
 
 
-def test_f_takes_noop_without_repeats_when_the_run_has_it() -> None:
-    """Like for like: adaptive's dup-0 over noop's dup-0 (both new texts only); noop's
-    saturation phase, whose repeats the store serves, stays as F_saturate."""
+def test_f0_divides_by_noop_without_repeats_beside_f() -> None:
+    """F stays adaptive's dup-0 over min(raw, noop's saturation phase); F0, context,
+    divides by noop's own dup-0 (the same new texts) where the run has it."""
     from pipeline.tools.bench.feed import feed
 
     report = _feed_report("sim", "graphed")
     noop = report["modes"]["noop"]["phases"]  # type: ignore[index]
     noop.append({**noop[0], "phase": "dup-0", "throughput": 2700.0})
     f = feed(report)
-    assert f["F"] == pytest.approx(2400.0 / 2700.0) and f["noop"] == 2700.0
-    assert f["F_saturate"] == pytest.approx(2400.0 / 3000.0) and f["noop_repeats"] is False
+    assert f["F"] == pytest.approx(2400.0 / 3000.0) and f["noop"] == 3000.0
+    assert f["F0"] == pytest.approx(2400.0 / 2700.0) and f["noop_unique"] == 2700.0
     table = markdown(report)
-    assert "over min(raw 5,000/s, noop at 0 % repeats 2,700/s)" in table
-    assert "(F over noop's saturation workload, 3,000/s with its repeats" in table
-    old = feed(_feed_report("sim", "graphed"))  # a run from before noop had dup-0
-    assert old["noop_repeats"] is True and old["F"] == old["F_saturate"]
-    assert "noop with its repeats 3,000/s" in markdown(_feed_report("sim", "graphed"))
+    assert "over min(raw 5,000/s, noop 3,000/s) (F0 = 0.89 over noop at 0 % repeats" in table
+    before = feed(_feed_report("sim", "graphed"))  # a run from before noop had dup-0
+    assert before["F0"] is None and "F0" not in markdown(_feed_report("sim", "graphed"))
 
 
 def test_feed_targets_and_lines_in_the_report() -> None:
     report = _feed_report("sim", "graphed")
     by_name = {t["target"]: t for t in targets(report)}
-    f_row = by_name[
-        "F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop at 0 % repeats)"
-    ]
+    f_row = by_name["F (sim, graphed profile): adaptive at 0 % repeats / min(raw, noop)"]
     assert f_row["goal"] == 0.8 and f_row["met"] is True
     g_row = by_name["G (sim): model-side interpreter-lock wait / forward time, adaptive saturated"]
     assert g_row["value"] == pytest.approx(0.2) and g_row["met"] is False
@@ -624,19 +620,9 @@ def test_feed_targets_and_lines_in_the_report() -> None:
         "| reported |" in table
     )
     eager = {t["target"]: t for t in targets(_feed_report("sim", "eager"))}
-    assert (
-        eager["F (sim, eager profile): adaptive at 0 % repeats / min(raw, noop at 0 % repeats)"][
-            "goal"
-        ]
-        is None
-    )
+    assert eager["F (sim, eager profile): adaptive at 0 % repeats / min(raw, noop)"]["goal"] is None
     slow = {t["target"]: t for t in targets(_feed_report("sim", "slow"))}
-    assert (
-        slow["F (sim, slow profile): adaptive at 0 % repeats / min(raw, noop at 0 % repeats)"][
-            "goal"
-        ]
-        == 0.95
-    )
+    assert slow["F (sim, slow profile): adaptive at 0 % repeats / min(raw, noop)"]["goal"] == 0.95
 
 
 def test_model_stats_and_the_model_process_among_the_children(tmp_path: Path) -> None:
