@@ -17,7 +17,7 @@ from support.subprocess_python import last_json, run_python
 
 from pipeline.errors import ConfigurationError
 from pipeline.settings import DedupeSettings, Settings
-from pipeline.worker.dedupe import store_memory
+from pipeline.worker.dedupe import BLOOM_BITS_PER_KEY, store_memory
 
 
 def _run(code: str) -> dict[str, Any]:
@@ -138,3 +138,42 @@ def test_a_store_memory_below_its_least_is_refused_with_the_setting_named() -> N
     with pytest.raises(ConfigurationError, match="expected a number"):
         Settings.from_env({"PIPELINE_DEDUPE_STORE_MEMORY_MIB": "32MiB"})
     assert DedupeSettings().store_memory_mib == 32
+
+
+def test_the_stores_files_keep_bloom_filters_of_the_bits_set(tmp_path: Path) -> None:
+    """Every new text probes the store: its files are written with Bloom filters of
+    BLOOM_BITS_PER_KEY bits a key, not Faust's 3 (measured as RocksDB reports its
+    flushed files: filter bytes x 8 / keys filtered)."""
+    code = f"""
+        import json
+        from types import SimpleNamespace
+        from pipeline.app import create_app
+        from pipeline.kafka import faust_edge
+        from pipeline.settings import Settings
+        from pipeline.worker.dedupe import TABLE_NAME, Retention, StoredResults
+
+        settings = Settings.from_env({{
+            "PIPELINE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "PIPELINE_WORKER_APP_ID": "bloom-test",
+            "PIPELINE_WORKER_DATA_DIR": {str(tmp_path)!r},
+        }})
+        app = create_app(settings)
+        table = app.tables[TABLE_NAME]
+        results = StoredResults(faust_edge.ChangelogStore(table, lambda *args: None),
+                                retention=Retention.of_seconds(60), clock_ms=lambda: 0)
+        in_p0 = SimpleNamespace(partition=0)
+        for i in range(20_000):
+            faust_edge.in_partition_of(in_p0, lambda: results.put("k%d" % i, b"result"))
+        db = table.data._db_for_partition(0)
+        db.flush()
+        props = dict(part.strip().split("=", 1) for part in
+                     db.property_value("rocksdb.aggregated-table-properties").split(";")
+                     if "=" in part)
+        print(json.dumps({{"filter_bytes": int(props["filter block size"]),
+                          "filtered": int(props["# entries for filter"]),
+                          "stored": results.get("k7") is not None}}))
+    """
+    out = _run(code)
+    assert out["stored"] is True and out["filtered"] == 20_000
+    bits_per_key = out["filter_bytes"] * 8 / out["filtered"]
+    assert bits_per_key == pytest.approx(BLOOM_BITS_PER_KEY, rel=0.1)
