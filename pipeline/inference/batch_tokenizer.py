@@ -48,9 +48,9 @@ class BatchTokenizer:
 
     The backend neither pads nor tracks offsets (``encode_batch_fast``): each text's
     tokens only are turned into Python lists, and numpy lays them out padded. On the
-    bench's texts (190 a batch, median 11 tokens, a long tail) the backend's own
-    padding and offsets cost 38 µs a text and the lists of padded rows 9.5 more;
-    this, about 24 + 4 (docs/design.md, "Tokenising in the model process")."""
+    bench's texts (190 a batch of random lengths, median 11 tokens, a long tail) the
+    backend's own padding and offsets cost 38 µs a text and the lists of padded rows
+    9.5 more; this, about 25 + 3 (docs/design.md, "Tokenising in the model process")."""
 
     def __init__(
         self, backend: Any, names: tuple[str, ...], *, pad_id: int, pad_type_id: int, left: bool
