@@ -55,7 +55,6 @@ class BatchTokenizer:
     def __init__(
         self, backend: Any, names: tuple[str, ...], *, pad_id: int, pad_type_id: int, left: bool
     ) -> None:
-        self._backend = backend
         self._encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
         self._fields = [(name, attr) for name, attr in _FIELDS if name in names]
         self._pad = {"input_ids": pad_id, "token_type_ids": pad_type_id}
