@@ -17,6 +17,8 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
   ``backlog_rate`` per second until the bulk is answered (at most
   ``backlog_max_s`` seconds of them);
 - noop, faust-floor and the floor: ``noop_requests`` events at saturation;
+- ``dup-0`` (noop): ``noop_requests`` new texts only, adaptive's ``dup-0`` texts
+  (the feed's F0, context beside F);
 - ``after-idle`` (noop): ``idle_requests`` single realtime requests, each
   after ``idle_s`` of silence.
 
