@@ -234,7 +234,7 @@ def check(
     for name in ("set_persisted_offset", "_db_for_partition"):
         if not hasattr(store, name):
             missing.append(f"faust.stores.rocksdb.Store.{name}")
-    for name in ("_dbs", "_key_index"):
+    for name in ("_dbs", "_key_index", "rocksdb_options"):
         if f"self.{name}" not in _init_source(store):
             missing.append(f"faust.stores.rocksdb.Store.{name}")
     if missing:

@@ -30,6 +30,13 @@ KEY_INDEX_LIMIT = 1000
 #: space came back.
 STALL_LIMIT_S = 10.0
 
+#: Share of each memtable's size given to a Bloom filter of its keys (whole keys). Every
+#: new text probes the memtables of each partition's store held before it reaches the
+#: files' filters (dedupe.BLOOM_BITS_PER_KEY); without one, each probe is a skip-list
+#: seek: a miss over three stores of 40,000 results of 1.7 KB took 2.1-2.5 us against
+#: 1.0 with it. It is part of its memtable's size (0.8 MiB of the default 8 MiB).
+MEMTABLE_FILTER_RATIO = 0.1
+
 #: The partition a :class:`ChangelogStore` write is for (:func:`in_partition_of`).
 _PARTITION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "dedupe_partition", default=None
@@ -45,6 +52,22 @@ def in_partition_of(token: Any, fn: Callable[[], None]) -> None:
         fn()
     finally:
         _PARTITION.reset(reset)
+
+
+def _filter_memtables(options: Any, ratio: float) -> None:
+    """Make ``options`` (Faust's ``RocksDBOptions`` of one table, not yet opened) give
+    each memtable a whole-key Bloom filter of ``ratio`` of its size; 0: none."""
+    if ratio <= 0:
+        return
+    faust_options = options.as_options
+
+    def as_options() -> Any:
+        made = faust_options()
+        made.set_memtable_prefix_bloom_ratio(ratio)  # no prefix extractor: whole keys only
+        made.set_memtable_whole_key_filtering(True)
+        return made
+
+    options.as_options = as_options  # this table's, where Faust's open() reads them
 
 
 #: Sends one changelog record without waiting: (topic, key, value, partition,
@@ -84,6 +107,10 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     memtables of it (``PIPELINE_DEDUPE_STORE_MEMORY_MIB`` / 2) more than with the log.
     A full disk fails a put only once a memtable must be flushed, not at once.
 
+    The stores are opened with a Bloom filter in each memtable
+    (:data:`MEMTABLE_FILTER_RATIO`), through the table's own RocksDB options: Faust's
+    options have no setting for it.
+
     A put never blocks in RocksDB: it is made with ``no_slowdown`` and, while RocksDB
     stalls writes (its memtables full, waiting on a flush), retried with short sleeps
     for at most ``stall_limit_s``, then fails with the disk's free space in the message.
@@ -102,8 +129,10 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         *,
         wal: bool = False,
         stall_limit_s: float = STALL_LIMIT_S,
+        memtable_filter_ratio: float = MEMTABLE_FILTER_RATIO,
     ) -> None:
         self._data: Any = table.data
+        _filter_memtables(self._data.rocksdb_options, memtable_filter_ratio)
         self._data._key_index = LRUCache(limit=KEY_INDEX_LIMIT)
         self._topic: str = table.changelog_topic.get_topic_name()
         self._send = send

@@ -16,6 +16,7 @@ import pytest
 from support.subprocess_python import last_json, run_python
 
 from pipeline.errors import ConfigurationError
+from pipeline.kafka.faust_edge.store import MEMTABLE_FILTER_RATIO
 from pipeline.settings import DedupeSettings, Settings
 from pipeline.worker.dedupe import BLOOM_BITS_PER_KEY, store_memory
 
@@ -140,10 +141,10 @@ def test_a_store_memory_below_its_least_is_refused_with_the_setting_named() -> N
     assert DedupeSettings().store_memory_mib == 32
 
 
-def test_the_stores_files_keep_bloom_filters_of_the_bits_set(tmp_path: Path) -> None:
+def test_the_stores_files_and_memtables_keep_bloom_filters(tmp_path: Path) -> None:
     """Every new text probes the store: its files are written with Bloom filters of
     BLOOM_BITS_PER_KEY bits a key, not Faust's 3 (measured as RocksDB reports its
-    flushed files: filter bytes x 8 / keys filtered)."""
+    flushed files: filter bytes x 8 / keys filtered), and its memtables have one too."""
     code = f"""
         import json
         from types import SimpleNamespace
@@ -166,14 +167,22 @@ def test_the_stores_files_keep_bloom_filters_of_the_bits_set(tmp_path: Path) -> 
             faust_edge.in_partition_of(in_p0, lambda: results.put("k%d" % i, b"result"))
         db = table.data._db_for_partition(0)
         db.flush()
+        faust_edge.in_partition_of(in_p0, lambda: results.put("after", b"result"))
         props = dict(part.strip().split("=", 1) for part in
                      db.property_value("rocksdb.aggregated-table-properties").split(";")
                      if "=" in part)
         print(json.dumps({{"filter_bytes": int(props["filter block size"]),
                           "filtered": int(props["# entries for filter"]),
-                          "stored": results.get("k7") is not None}}))
+                          "stored": results.get("k7") is not None,
+                          # A memtable of one key since the flush: about its filter's size.
+                          "empty_memtable": db.property_int_value(
+                              "rocksdb.cur-size-active-mem-table")}}))
     """
     out = _run(code)
     assert out["stored"] is True and out["filtered"] == 20_000
     bits_per_key = out["filter_bytes"] * 8 / out["filtered"]
     assert bits_per_key == pytest.approx(BLOOM_BITS_PER_KEY, rel=0.1)
+    # ... and each memtable a filter of MEMTABLE_FILTER_RATIO of its size (an empty
+    # memtable without one takes a few KiB).
+    memtable = store_memory(DedupeSettings().store_memory_mib)["write_buffer_size"]
+    assert out["empty_memtable"] >= 0.9 * MEMTABLE_FILTER_RATIO * memtable
