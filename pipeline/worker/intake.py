@@ -13,7 +13,8 @@ from typing import Any
 
 from pipeline.codecs.avro import HEADER_LEN, MARKER, request_codec
 from pipeline.codecs.keys import InputKeys, content_hash
-from pipeline.errors import DecodeError, ValidationError
+from pipeline.codecs.registry import FRAME_LEN, MAGIC, split_frame
+from pipeline.errors import DecodeError, RetryableError, ValidationError
 from pipeline.settings import ValidationSettings
 from pipeline.worker.records import MAX_REQUEST_ID_CHARS, Request
 
@@ -22,29 +23,44 @@ __all__ = ["parse", "peek_request_id"]
 _JSON_ID = re.compile(rb'"request_id"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
 
 
-def peek_request_id(value: bytes) -> str | None:
+def peek_request_id(value: bytes, writer_of: Callable[[int], Any] | None = None) -> str | None:
     """The request id of a record too large to decode, read from its first bytes
-    (Avro: the first field; JSON: a plain ``"request_id": "..."`` near the start),
-    or None. Reads at most a few hundred bytes of Avro and 4 KiB of JSON."""
+    (Avro: the first field; in the Schema Registry's framing, given ``writer_of``, when
+    the writer's schema, already known, starts with a string ``request_id``; JSON: a
+    plain ``"request_id": "..."`` near the start), or None. Reads at most a few hundred
+    bytes of Avro and 4 KiB of JSON."""
     try:
         if value.startswith(MARKER):
-            pos, shift, raw = HEADER_LEN, 0, 0
-            while pos < min(len(value), HEADER_LEN + 10):  # zig-zag varint length
-                byte = value[pos]
-                raw |= (byte & 0x7F) << shift
-                pos, shift = pos + 1, shift + 7
-                if not byte & 0x80:
-                    break
-            size = (raw >> 1) ^ -(raw & 1)
-            if 0 < size <= MAX_REQUEST_ID_CHARS * 4 and pos + size <= len(value):
-                rid = value[pos : pos + size].decode("utf-8")
-                return rid if len(rid) <= MAX_REQUEST_ID_CHARS else None
+            return _leading_id(value, HEADER_LEN)
+        if value[:1] == MAGIC and writer_of is not None:
+            try:
+                fields = writer_of(split_frame(value)).get("fields") or [{}]
+            except (DecodeError, RetryableError):  # unknown or not looked up yet: no guess
+                return None
+            if fields[0].get("name") == "request_id" and fields[0].get("type") == "string":
+                return _leading_id(value, FRAME_LEN)
         elif value.startswith(b"{"):
             match = _JSON_ID.search(value[:4096])
             if match:
                 return match.group(1).decode("utf-8")
     except UnicodeDecodeError:
         return None
+    return None
+
+
+def _leading_id(value: bytes, pos: int) -> str | None:
+    """The Avro string at ``pos`` of ``value`` if it is a plausible request id, or None."""
+    end, shift, raw = min(len(value), pos + 10), 0, 0
+    while pos < end:  # zig-zag varint length
+        byte = value[pos]
+        raw |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not byte & 0x80:
+            break
+    size = (raw >> 1) ^ -(raw & 1)
+    if 0 < size <= MAX_REQUEST_ID_CHARS * 4 and pos + size <= len(value):
+        rid = value[pos : pos + size].decode("utf-8")
+        return rid if len(rid) <= MAX_REQUEST_ID_CHARS else None
     return None
 
 
@@ -71,7 +87,7 @@ def parse(
     if value is not None and len(value) > limits.max_payload_bytes:
         raise ValidationError(
             f"payload of {len(value)} bytes exceeds the cap of {limits.max_payload_bytes}",
-            request_id=peek_request_id(value),
+            request_id=peek_request_id(value, writer_of),
         )
     try:
         record = request_codec().decode_any(value, writer_of)

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.errors import DecodeError, PermanentError, ValidationError
+from pipeline.codecs.avro import HEADER_LEN, request_codec
+from pipeline.codecs.registry import MAGIC
+from pipeline.errors import (
+    DecodeError,
+    PermanentError,
+    RegistryUnavailable,
+    UnknownSchemaId,
+    ValidationError,
+)
 from pipeline.kafka.client import request_bytes
 from pipeline.settings import ValidationSettings
 from pipeline.worker.intake import parse, peek_request_id
@@ -110,6 +119,35 @@ def test_an_oversize_payload_still_names_its_request() -> None:
         assert caught.value.request_id == rid
     assert peek_request_id(b"\xc3\x01" + b"\x00" * 8 + b"\xff") is None
     assert peek_request_id(b'{"text": "no id here"}') is None
+
+
+def test_an_oversize_framed_payload_names_its_request_when_its_writer_schema_is_known() -> None:
+    """In the Schema Registry's framing the id is read only after the writer's schema
+    (already known) says the first field is the string ``request_id``."""
+    small = ValidationSettings(max_payload_bytes=100, max_text_chars=10_000)
+    _, avro = request_bytes("x" * 500, request_id="big-framed")
+    framed = MAGIC + (7).to_bytes(4, "big") + avro[HEADER_LEN:]
+    ours = request_codec().current.parsed
+    reordered = {**ours, "fields": ours["fields"][1:] + ours["fields"][:1]}
+
+    def known(schema_id: int) -> Any:
+        if schema_id != 7:
+            raise UnknownSchemaId(f"no schema {schema_id}")
+        return ours
+
+    def unavailable(schema_id: int) -> Any:
+        raise RegistryUnavailable(f"schema {schema_id} was not looked up yet")
+
+    with pytest.raises(ValidationError, match="exceeds the cap of 100") as caught:
+        parse(framed, lane="standard", lane_deadline_ms=1_000, model_id="m", limits=small,
+              received_at_ms=5_000, writer_of=known)  # fmt: skip
+    assert caught.value.request_id == "big-framed"
+    assert peek_request_id(framed, known) == "big-framed"
+    assert peek_request_id(framed, lambda _id: reordered) is None  # first field: the text
+    assert peek_request_id(framed, unavailable) is None
+    assert peek_request_id(MAGIC + (8).to_bytes(4, "big") + avro[HEADER_LEN:], known) is None
+    assert peek_request_id(framed) is None  # no registry here
+    assert peek_request_id(MAGIC + b"\x00\x00") is None
 
 
 @given(st.binary(max_size=300))
