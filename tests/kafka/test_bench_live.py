@@ -149,7 +149,8 @@ def test_workers_side_by_side_share_the_partitions_and_answer_everything(
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     assert report["config"]["workers"] == 2
-    assert [p["phase"] for p in report["modes"]["noop"]["phases"]] == ["saturate", "dup-0"]
+    # No dup-0 phase for noop: it is F0's context beside adaptive, which did not run.
+    assert [p["phase"] for p in report["modes"]["noop"]["phases"]] == ["saturate"]
     for mode in ("noop", "faust-floor"):
         for p in report["modes"][mode]["phases"]:
             assert p["workers"] == 2 and p["answered"] == p["sent"], (mode, p)

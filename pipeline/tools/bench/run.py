@@ -17,8 +17,8 @@ Phases (each mode sees the same workloads: phase k uses seed + k):
   ``backlog_rate`` per second until the bulk is answered (at most
   ``backlog_max_s`` seconds of them);
 - noop, faust-floor and the floor: ``noop_requests`` events at saturation;
-- ``dup-0`` (noop): ``noop_requests`` new texts only, adaptive's ``dup-0`` texts
-  (the feed's F0, context beside F);
+- ``dup-0`` (noop, when adaptive runs too): ``noop_requests`` new texts only,
+  adaptive's ``dup-0`` texts (the feed's F0, context beside F);
 - ``after-idle`` (noop): ``idle_requests`` single realtime requests, each
   after ``idle_s`` of silence.
 
@@ -175,7 +175,7 @@ def _worker_mode(
             if config.backlog_requests:
                 time.sleep(config.idle_s)
                 phases.append(backlog(dep, config=config, seed=config.seed + 40, sampler=sampler))
-        if mode == "noop":
+        if mode == "noop" and "adaptive" in config.modes:
             # adaptive's dup-0 texts (same seed), for F0 (feed.py): on the saturation
             # workload a fifth of noop's requests are repeats the store answers.
             dup_spec = WorkloadSpec(n=config.noop_requests, seed=config.seed + 10, dup_rate=0.0)
