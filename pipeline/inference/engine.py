@@ -299,7 +299,9 @@ class InferenceEngine:
 
     def _compute(self, job: _Job) -> BatchOutcome:
         texts = job.texts
-        tally = _Tally(tokenize_ms=job.tokenize_ms)
+        # A model process's tokenising time comes with each forward (_call); what the
+        # tokenizer stage measured then is the send.
+        tally = _Tally(tokenize_ms=0.0 if self._counted_later else job.tokenize_ms)
         outcomes = self._bisect(texts, tally, job.pad_to, job)
         result = BatchOutcome(
             outcomes=outcomes,
@@ -344,7 +346,8 @@ class InferenceEngine:
         else:
             t0 = time.perf_counter()
             enc = self.model.tokenize(texts, pad_to=pad_to)
-            tally.tokenize_ms += (time.perf_counter() - t0) * 1000.0
+            if not self._counted_later:  # else the send's time: the forward brings its own
+                tally.tokenize_ms += (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
         try:
             predictions = self.model.forward(enc)

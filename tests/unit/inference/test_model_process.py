@@ -131,9 +131,11 @@ def test_a_batch_queued_ahead_is_counted_with_its_forward(
     finally:
         engine.stop(10)
     assert (outcome.n_tokens, outcome.padded_tokens) == (want.n_tokens, want.padded_tokens)
-    # The handover's lead learns the child's tokenising time, not the send's.
+    # The handover's lead learns the child's tokenising time, not the send's, and the
+    # batch reports it alone.
     assert remote.tokenized is not None
     assert engine.tokenize_ms() == pytest.approx(remote.tokenized[2] * 1000)
+    assert outcome.tokenize_ms == pytest.approx(remote.tokenized[2] * 1000)
 
 
 def test_a_batch_that_cannot_be_tokenized_ahead_fails_its_forward(remote: RemoteModel) -> None:
