@@ -157,7 +157,8 @@ class JsonFormatter(logging.Formatter):
 
 class Tally:
     """Counts events of one kind and says when to log them: the first at once, then at
-    most one summary line per ``window_s`` with the count since the last line.
+    most one summary line per ``window_s`` with the count since the last line (the last
+    counts of a flood too, when the caller asks :meth:`flush` at :meth:`due_in`).
 
     For events that come in floods and are each recorded elsewhere (an expired
     request's dead letter is in the dead-letter topic and the dead-letter metric):
@@ -177,6 +178,22 @@ class Tally:
         if self._logged_at is not None and now - self._logged_at < self.window_s:
             return None
         self._logged_at = now
+        counts, self._counts = self._counts, {}
+        return counts
+
+    def due_in(self) -> float | None:
+        """Seconds until the counts not logged yet may be (0: now); None when there are
+        none. The caller that wants a flood's last counts logged asks :meth:`flush` then."""
+        if not self._counts or self._logged_at is None:
+            return None
+        return max(0.0, self._logged_at + self.window_s - self._clock())
+
+    def flush(self) -> dict[str, int] | None:
+        """The counts not logged yet, once their window has passed (then reset, as a
+        line logged by :meth:`add`); None when there are none or it has not passed."""
+        if self.due_in() != 0.0:
+            return None
+        self._logged_at = self._clock()
         counts, self._counts = self._counts, {}
         return counts
 

@@ -69,6 +69,7 @@ class Answers:
         #: Stored results found, waiting for the task that serves them (:meth:`known`).
         self._stored: list[tuple[Work, bytes]] = []
         self._expired = Tally(EXPIRED_LOG_S)
+        self._expired_flush: asyncio.TimerHandle | None = None
         self.counters: dict[str, int] = dict.fromkeys(
             ["received", "results", "dead_letters", "stored", "inflight", "batch", "computed"], 0
         )
@@ -270,12 +271,10 @@ class Answers:
             # A flood under overload: one line per window, each letter at DEBUG.
             counts = self._expired.add(incoming.lane)
             if counts is not None:
-                log.info(
-                    "expired requests dead-lettered: %d (%s) since the last such line; "
-                    "each is in the dead-letter topic",
-                    sum(counts.values()),
-                    ", ".join(f"{lane} {n}" for lane, n in sorted(counts.items())),
-                    extra={"stage": stage, "expired": counts},
+                _log_expired(counts)
+            elif self._expired_flush is None:  # the window's counts, logged at its end
+                self._expired_flush = asyncio.get_running_loop().call_later(
+                    self._expired.due_in() or 0.0, self._flush_expired
                 )
         level = logging.DEBUG if stage == "expired" else logging.INFO
         if log.isEnabledFor(level):
@@ -298,6 +297,18 @@ class Answers:
             )
         await self._release(incoming)
 
+    def _flush_expired(self) -> None:
+        """Log the expired requests counted since the last line, once its window ends: a
+        flood that stopped is not left unsummarised until the next expiry."""
+        self._expired_flush = None
+        counts = self._expired.flush()
+        if counts is not None:
+            _log_expired(counts)
+            return
+        due = self._expired.due_in()
+        if due is not None:  # woken a hair before the window's end (the loop's resolution)
+            self._expired_flush = asyncio.get_running_loop().call_later(due, self._flush_expired)
+
     async def _answered(self, incoming: Incoming, request: Request, served: str) -> None:
         done = self._clock_ms()
         late = done > request.deadline_ms
@@ -312,6 +323,16 @@ class Answers:
     async def _release(self, incoming: Incoming) -> None:
         for token in self._ledger.release(incoming.origin):
             await self._ack(token)
+
+
+def _log_expired(counts: dict[str, int]) -> None:
+    log.info(
+        "expired requests dead-lettered: %d (%s) since the last such line; "
+        "each is in the dead-letter topic",
+        sum(counts.values()),
+        ", ".join(f"{lane} {n}" for lane, n in sorted(counts.items())),
+        extra={"stage": "expired", "expired": counts},
+    )
 
 
 async def _refusal(

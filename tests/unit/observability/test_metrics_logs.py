@@ -162,6 +162,25 @@ def test_a_tally_logs_the_first_at_once_then_one_summary_per_window() -> None:
     assert tally.add("standard") == {"standard": 1}
 
 
+def test_a_floods_last_counts_are_flushed_once_their_window_ends() -> None:
+    now = [0.0]
+    tally = Tally(window_s=10.0, clock=lambda: now[0])
+    assert tally.due_in() is None and tally.flush() is None  # nothing counted
+    assert tally.add("realtime") == {"realtime": 1}
+    assert tally.due_in() is None  # logged at once: nothing pending
+    now[0] = 3.0
+    assert tally.add("bulk") is None and tally.add("bulk") is None
+    assert tally.due_in() == 7.0
+    now[0] = 9.0
+    assert tally.flush() is None  # not before the window ends
+    now[0] = 10.0
+    assert tally.due_in() == 0.0 and tally.flush() == {"bulk": 2}
+    assert tally.due_in() is None and tally.flush() is None
+    now[0] = 15.0
+    assert tally.add("realtime") is None  # within 10 s of the flushed line
+    assert tally.due_in() == 5.0
+
+
 def test_configure_logging_installs_the_repeat_filter_once(
     root: tuple[logging.Logger, io.StringIO],
 ) -> None:
