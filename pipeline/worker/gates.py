@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 #: At most one log line per this many seconds for each lane's pauses at its queue's
 #: bound, and one for its resumes: under a backlog they alternate every few ms (the
 #: bound is the backpressure working), and ``pipeline_lane_paused`` has every one.
+#: A pause by load shedding, and the resume that ends it, are each logged.
 FLOW_LOG_S = 10.0
 
 T = TypeVar("T", bound=Queued)
@@ -53,6 +54,7 @@ class LaneGates(Generic[T]):
         self._on_room = on_room or (lambda: None)
         self._queue_paused: set[str] = set()  # lanes the scheduler's queues want paused
         self.paused: set[str] = set()  # lanes paused now, for any reason: take none
+        self._shed_paused: set[str] = set()  # of those, the ones load shedding paused
         # Work its lane's full queue refused, oldest first; the lane takes no record meanwhile.
         self._parked: dict[str, deque[T]] = {lane: deque() for lane in LANES}
         self._flow_log = {
@@ -88,6 +90,7 @@ class LaneGates(Generic[T]):
                 self.metrics.paused(lane, True)
                 depth = self.scheduler.depth(lane)
                 if lane not in self._queue_paused:
+                    self._shed_paused.add(lane)
                     log.info("lane %s paused: load shedding (%d queued)", lane, depth)
                 elif (times := self._flow_times("paused", lane)) is not None:
                     log.info("lane %s paused: queue at its bound (%d queued)%s", lane, depth, times)
@@ -96,7 +99,10 @@ class LaneGates(Generic[T]):
             if lane not in want and lane in self.paused:
                 self.paused.discard(lane)
                 self.metrics.paused(lane, False)
-                if (times := self._flow_times("resumed", lane)) is not None:
+                if lane in self._shed_paused:  # as its pause line, never folded into a count
+                    self._shed_paused.discard(lane)
+                    log.info("lane %s resumed: load shedding over", lane)
+                elif (times := self._flow_times("resumed", lane)) is not None:
                     log.info("lane %s resumed%s", lane, times)
                 resumed = True
         if resumed:

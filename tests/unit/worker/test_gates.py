@@ -110,3 +110,32 @@ def test_pauses_at_the_bound_log_the_first_then_one_line_per_window(
         "lane bulk paused: queue at its bound (2 queued) (5 times since the last such line)",
         "lane bulk resumed (5 times since the last such line)",
     ]
+
+
+def test_a_pause_by_load_shedding_and_its_resume_are_always_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lane's resumes at its queue's bound are counted per window; the resume that ends
+    a pause by load shedding is not folded into that count (nor its pause)."""
+    now = [0.0]
+    gates, shed, _woken = _gates(queue_size=2, clock=lambda: now[0])
+    queues = gates.scheduler.queues
+    with caplog.at_level(logging.INFO, logger="pipeline.worker.gates"):
+        for name in ("a", "b", "c"):
+            gates.offer(_item(name, "bulk"))
+        queues.remove(list(queues.entries("bulk")))
+        gates.apply()
+        queues.remove(list(queues.entries("bulk")))
+        gates.apply()  # paused at the bound, resumed: both logged, the first of the window
+        now[0] = 1.0
+        shed.add("bulk")
+        gates.apply()
+        now[0] = 2.0
+        shed.clear()
+        gates.apply()
+    assert caplog.messages == [
+        "lane bulk paused: queue at its bound (2 queued)",
+        "lane bulk resumed",
+        "lane bulk paused: load shedding (0 queued)",
+        "lane bulk resumed: load shedding over",
+    ]
