@@ -99,6 +99,7 @@ def create_app(settings: Settings, answer_headers: AnswerHeaders | None = None) 
         options=retention.table_options(s.dedupe.store_memory_mib),
         extra_topic_configs=retention.changelog_config(),
     )
+    faust_edge.filter_memtables(table)  # before any partition's store opens
     lane_of_topic = {topic.get_topic_name(): lane for lane, topic in lane_topics.items()}
     holder = _RuntimeHolder(
         app,

@@ -33,6 +33,8 @@ made here, and nowhere else:
   moves Faust's own committed offset back (:func:`_seek_forward_only`);
 - a dedupe write names the partition of its record, so the changelog record
   goes to that partition (:func:`in_partition_of`);
+- the dedupe table's memtables get a Bloom filter, which Faust's RocksDB options
+  cannot say (:func:`filter_memtables`);
 - the consumer's committed offsets, for the lag metric (:func:`committed`);
 - the reader's seeks back and position reads are made on the consumer's thread
   (:func:`seek`, :func:`position`): Faust's ``seek`` changes aiokafka's state from
@@ -100,7 +102,7 @@ from pipeline.kafka.faust_edge.consumer import (
 from pipeline.kafka.faust_edge.passed import PassedOffsets
 from pipeline.kafka.faust_edge.recovery_watch import RecoveryWatch
 from pipeline.kafka.faust_edge.stop import stop_worker
-from pipeline.kafka.faust_edge.store import ChangelogStore, in_partition_of
+from pipeline.kafka.faust_edge.store import ChangelogStore, filter_memtables, in_partition_of
 
 __all__ = [
     "TESTED_FAUST",
@@ -110,6 +112,7 @@ __all__ = [
     "add_gap",
     "check",
     "committed",
+    "filter_memtables",
     "forget",
     "in_partition_of",
     "install",

@@ -17,7 +17,14 @@ from faust.types import TP
 from mode.utils.collections import LRUCache
 from rocksdict import WriteOptions
 
-__all__ = ["KEY_INDEX_LIMIT", "ChangelogSend", "ChangelogStore", "in_partition_of"]
+__all__ = [
+    "KEY_INDEX_LIMIT",
+    "MEMTABLE_FILTER_RATIO",
+    "ChangelogSend",
+    "ChangelogStore",
+    "filter_memtables",
+    "in_partition_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +61,14 @@ def in_partition_of(token: Any, fn: Callable[[], None]) -> None:
         _PARTITION.reset(reset)
 
 
-def _filter_memtables(options: Any, ratio: float) -> None:
-    """Make ``options`` (Faust's ``RocksDBOptions`` of one table, not yet opened) give
-    each memtable a whole-key Bloom filter of ``ratio`` of its size; 0: none."""
-    if ratio <= 0:
+def filter_memtables(table: Any, ratio: float = MEMTABLE_FILTER_RATIO) -> None:
+    """Give each memtable of ``table``'s RocksDB stores a whole-key Bloom filter of
+    ``ratio`` of its size (0: none), through that table's own options (Faust's have no
+    setting for it). Call it as the table is made: a partition's store opened before
+    keeps Faust's options (the worker's stores open as partitions are assigned, which
+    can be before the worker's own services start)."""
+    options = table.data.rocksdb_options
+    if ratio <= 0 or getattr(options.as_options, "memtable_filter", None) is not None:
         return
     faust_options = options.as_options
 
@@ -67,6 +78,7 @@ def _filter_memtables(options: Any, ratio: float) -> None:
         made.set_memtable_whole_key_filtering(True)
         return made
 
+    as_options.memtable_filter = ratio  # type: ignore[attr-defined]
     options.as_options = as_options  # this table's, where Faust's open() reads them
 
 
@@ -107,9 +119,8 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
     memtables of it (``PIPELINE_DEDUPE_STORE_MEMORY_MIB`` / 2) more than with the log.
     A full disk fails a put only once a memtable must be flushed, not at once.
 
-    The stores are opened with a Bloom filter in each memtable
-    (:data:`MEMTABLE_FILTER_RATIO`), through the table's own RocksDB options: Faust's
-    options have no setting for it.
+    The stores have a Bloom filter in each memtable when the table was given one as it
+    was made (:func:`filter_memtables`; ``pipeline.app`` does).
 
     A put never blocks in RocksDB: it is made with ``no_slowdown`` and, while RocksDB
     stalls writes (its memtables full, waiting on a flush), retried with short sleeps
@@ -129,10 +140,8 @@ class ChangelogStore(MutableMapping[bytes, bytes]):
         *,
         wal: bool = False,
         stall_limit_s: float = STALL_LIMIT_S,
-        memtable_filter_ratio: float = MEMTABLE_FILTER_RATIO,
     ) -> None:
         self._data: Any = table.data
-        _filter_memtables(self._data.rocksdb_options, memtable_filter_ratio)
         self._data._key_index = LRUCache(limit=KEY_INDEX_LIMIT)
         self._topic: str = table.changelog_topic.get_topic_name()
         self._send = send

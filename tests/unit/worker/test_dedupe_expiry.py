@@ -160,12 +160,14 @@ def test_the_stores_files_and_memtables_keep_bloom_filters(tmp_path: Path) -> No
         }})
         app = create_app(settings)
         table = app.tables[TABLE_NAME]
+        # As in a worker: the partition's store opens (at its assignment) before the
+        # worker's services make the ChangelogStore.
+        db = table.data._db_for_partition(0)
         results = StoredResults(faust_edge.ChangelogStore(table, lambda *args: None),
                                 retention=Retention.of_seconds(60), clock_ms=lambda: 0)
         in_p0 = SimpleNamespace(partition=0)
         for i in range(20_000):
             faust_edge.in_partition_of(in_p0, lambda: results.put("k%d" % i, b"result"))
-        db = table.data._db_for_partition(0)
         db.flush()
         faust_edge.in_partition_of(in_p0, lambda: results.put("after", b"result"))
         props = dict(part.strip().split("=", 1) for part in
