@@ -8,6 +8,7 @@ the tools start (the worker, the local registry, Prometheus) the same way.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,11 +25,37 @@ FAUST = str(Path(sys.executable).with_name("faust"))
 READY_MARKERS = ("pipeline ready", "[^Worker]: Ready")
 
 
+#: The lowest port :func:`free_port` hands out.
+LOWEST_PORT = 20_000
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nobody listens on right now."""
+    """A TCP port on loopback that nobody listens on right now, below the kernel's
+    ephemeral range where there is room: a port the kernel picked (port 0) is free only
+    until the next outgoing connection, which the kernel may give the same port before
+    the worker it was meant for binds it (a bench's worker once failed to start so)."""
+    first_ephemeral = _ephemeral_start()
+    rng = random.SystemRandom()
+    for _ in range(50 if first_ephemeral > LOWEST_PORT else 0):
+        port = rng.randrange(LOWEST_PORT, first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where unknown)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 @dataclass
