@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Reader", "compile_reader"]
+__all__ = ["Reader", "compile_reader", "read_long"]
 
 #: Reads one record's body from ``data`` at ``pos``: the record, and where it ended.
 Reader = Callable[[bytes, int], tuple[dict[str, Any], int]]
@@ -36,8 +36,9 @@ _FLOAT = struct.Struct("<f").unpack_from
 _DOUBLE = struct.Struct("<d").unpack_from
 
 
-def _long(data: bytes, pos: int) -> tuple[int, int]:
-    """Avro's zig-zag varint at ``pos``: the long, and the offset after it."""
+def read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """Avro's zig-zag varint at ``pos``: the long, and the offset after it. Raises
+    IndexError when ``data`` ends first, ValueError past 10 bytes."""
     b = data[pos]
     pos += 1
     if b < 0x80:
@@ -55,7 +56,7 @@ def _long(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _long(data, pos)
+    n, pos = read_long(data, pos)
     end = pos + n
     if n < 0 or end > len(data):
         raise ValueError(f"length {n} at offset {pos} runs past the end ({len(data)} bytes)")
@@ -69,10 +70,10 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
 
 def _block(data: bytes, pos: int) -> tuple[int, int]:
     """A block's item count (its byte size, when given, skipped); 0 ends the array."""
-    count, pos = _long(data, pos)
+    count, pos = read_long(data, pos)
     if count < 0:
         count = -count
-        _size, pos = _long(data, pos)
+        _size, pos = read_long(data, pos)
     return count, pos
 
 
@@ -163,7 +164,7 @@ def compile_reader(schema: Mapping[str, Any]) -> Reader | None:
     source = "def read(data, pos):\n    out = {}\n" + "".join(f"    {line}\n" for line in body)
     source += "    return out, pos\n"
     namespace: dict[str, Any] = {
-        "_long": _long,
+        "_long": read_long,
         "_bytes": _bytes,
         "_string": _string,
         "_float": _FLOAT,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.codecs.avro import HEADER_LEN, MARKER, request_codec
 from pipeline.codecs.keys import InputKeys, content_hash
+from pipeline.codecs.reader import read_long
 from pipeline.codecs.registry import FRAME_LEN, MAGIC, split_frame
 from pipeline.errors import DecodeError, RetryableError, ValidationError
 from pipeline.settings import ValidationSettings
@@ -50,14 +51,10 @@ def peek_request_id(value: bytes, writer_of: Callable[[int], Any] | None = None)
 
 def _leading_id(value: bytes, pos: int) -> str | None:
     """The Avro string at ``pos`` of ``value`` if it is a plausible request id, or None."""
-    end, shift, raw = min(len(value), pos + 10), 0, 0
-    while pos < end:  # zig-zag varint length
-        byte = value[pos]
-        raw |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if not byte & 0x80:
-            break
-    size = (raw >> 1) ^ -(raw & 1)
+    try:
+        size, pos = read_long(value, pos)
+    except (IndexError, ValueError):  # cut short, or no varint
+        return None
     if 0 < size <= MAX_REQUEST_ID_CHARS * 4 and pos + size <= len(value):
         rid = value[pos : pos + size].decode("utf-8")
         return rid if len(rid) <= MAX_REQUEST_ID_CHARS else None
