@@ -67,9 +67,9 @@ def filter_memtables(table: Any, ratio: float = MEMTABLE_FILTER_RATIO) -> None:
     setting for it). Call it as the table is made: a partition's store opened before
     keeps Faust's options (the worker's stores open as partitions are assigned, which
     can be before the worker's own services start)."""
-    options = table.data.rocksdb_options
-    if ratio <= 0 or getattr(options.as_options, "memtable_filter", None) is not None:
+    if ratio <= 0:
         return
+    options = table.data.rocksdb_options
     faust_options = options.as_options
 
     def as_options() -> Any:
@@ -78,7 +78,6 @@ def filter_memtables(table: Any, ratio: float = MEMTABLE_FILTER_RATIO) -> None:
         made.set_memtable_whole_key_filtering(True)
         return made
 
-    as_options.memtable_filter = ratio  # type: ignore[attr-defined]
     options.as_options = as_options  # this table's, where Faust's open() reads them
 
 
