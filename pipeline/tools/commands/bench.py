@@ -304,8 +304,8 @@ def bench(  # noqa: PLR0917  (one parameter per flag, as click passes them)
     saturation (throughput), open-loop load at --loads x the base rate
     (latency per lane, adaptive and fixed), 0 % vs 50 % duplicates, a burst
     into the idle worker and realtime at 10/s while a bulk backlog drains
-    (adaptive), 0 % duplicates (noop, for F0) and single realtime requests
-    after silences (noop's after-idle).
+    (adaptive), 0 % duplicates (noop beside adaptive, for F0) and single
+    realtime requests after silences (noop's after-idle).
     Writes bench.json, bench.md (a table and the targets) and PNG plots into
     --out.
 
